@@ -1,0 +1,112 @@
+//! Opening a database: settings, and the checks that it is one of ours.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use redb::StorageBackend;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Limits, WriterConfig};
+use crate::db::IdemDb;
+use crate::error::Error;
+
+/// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
+///
+/// ```
+/// use idemdb::{IdemDb, Limits, ManualClock};
+/// # let dir = tempfile::tempdir()?;
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let mut limits = Limits::default();
+/// limits.max_response_len = 64 * 1024;
+/// let db = IdemDb::builder()
+///     .clock(clock.clone())
+///     .limits(limits)
+///     .max_batch(128)
+///     .open(dir.path().join("dedupe.idemdb"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Builder {
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    writer: WriterConfig,
+    cache_size: Option<usize>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            clock: Arc::new(SystemClock),
+            limits: Limits::default(),
+            writer: WriterConfig::default(),
+            cache_size: None,
+        }
+    }
+}
+
+impl Builder {
+    /// The clock for leases and timestamps (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Input size limits (default: [`Limits::default`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Most operations one durable commit may carry (default 256; 0 is taken as 1).
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.writer.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// redb's page cache size in bytes (default: redb's).
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = Some(bytes);
+        self
+    }
+
+    /// Opens the database at `path`, creating it if the file is missing or empty.
+    ///
+    /// Fails with [`Error::NotIdemdb`] for a file that is not an idemdb database, with
+    /// [`Error::UnsupportedFormat`] for one written by a newer format, and with a storage
+    /// error if another handle has the file open.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<IdemDb, Error> {
+        self.limits.validate()?;
+        let db = self.redb_builder().create(path).map_err(open_error)?;
+        IdemDb::from_parts(db, self.clock, self.limits, self.writer)
+    }
+
+    /// Opens the database over any [`redb::StorageBackend`], e.g. an in-memory or a
+    /// fault-injecting one, creating it if the backend is empty.
+    pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<IdemDb, Error> {
+        self.limits.validate()?;
+        let db = self
+            .redb_builder()
+            .create_with_backend(backend)
+            .map_err(open_error)?;
+        IdemDb::from_parts(db, self.clock, self.limits, self.writer)
+    }
+
+    fn redb_builder(&self) -> redb::Builder {
+        let mut b = redb::Builder::new();
+        if let Some(bytes) = self.cache_size {
+            b.set_cache_size(bytes);
+        }
+        b
+    }
+}
+
+fn open_error(e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg))
+            if msg.contains("magic number") =>
+        {
+            Error::NotIdemdb(format!("not a redb database file ({msg})"))
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => Error::Corrupted(msg),
+        other => other.into(),
+    }
+}

@@ -1,0 +1,132 @@
+//! Decisions, separate from the work: what a reservation or an owner's call does, given the
+//! record found. Used by the lock-free read path and by the writer alike.
+
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, RecordState};
+use crate::token::FencingToken;
+
+/// What a reservation does with the record it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// No record: create one.
+    Acquire,
+    /// An IN_PROGRESS record whose lease ran out: take it over with a new token.
+    TakeOver,
+    Mismatch,
+    ReplayCompleted,
+    ReplayFailed,
+    /// A live lease; `retry_after_ms` is what is left of it.
+    InProgress {
+        retry_after_ms: u64,
+    },
+}
+
+/// Rows of the outcome table in docs/semantics.md, checked top to bottom.
+pub(crate) fn decide(existing: Option<&Record>, fp: Fingerprint, now_ms: u64) -> Decision {
+    let Some(rec) = existing else {
+        return Decision::Acquire;
+    };
+    if rec.fingerprint != fp {
+        return Decision::Mismatch;
+    }
+    match rec.state {
+        RecordState::Completed => Decision::ReplayCompleted,
+        RecordState::Failed => Decision::ReplayFailed,
+        RecordState::InProgress if now_ms >= rec.lease_expires_at => Decision::TakeOver,
+        RecordState::InProgress => Decision::InProgress {
+            retry_after_ms: rec.lease_expires_at - now_ms,
+        },
+    }
+}
+
+/// Checks that `token` owns `existing` and that it is still IN_PROGRESS.
+///
+/// A token that is not the record's current one is fenced when the record's is newer; a token
+/// newer than the record's cannot belong to this record at all (it was released and the token
+/// came from elsewhere), so the record is unknown to it.
+pub(crate) fn check_owner(existing: Option<&Record>, token: FencingToken) -> Result<(), Error> {
+    let Some(rec) = existing else {
+        return Err(Error::UnknownRecord);
+    };
+    if rec.token > token {
+        return Err(Error::Fenced {
+            presented: token,
+            current: rec.token,
+        });
+    }
+    if rec.token < token {
+        return Err(Error::UnknownRecord);
+    }
+    if rec.state != RecordState::InProgress {
+        return Err(Error::NotInProgress { state: rec.state });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(state: RecordState, fp: u128, token: u64, lease: u64) -> Record {
+        Record {
+            state,
+            fingerprint: Fingerprint::from_u128(fp),
+            token: FencingToken::new(token).unwrap(),
+            lease_expires_at: lease,
+            created_at: 0,
+            updated_at: 0,
+            attempts: 1,
+            response: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn outcome_table_rows() {
+        let fp = Fingerprint::from_u128(1);
+        let ip = rec(RecordState::InProgress, 1, 5, 100);
+        assert_eq!(decide(None, fp, 0), Decision::Acquire);
+        assert_eq!(
+            decide(Some(&rec(RecordState::Completed, 2, 5, 0)), fp, 0),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            decide(Some(&rec(RecordState::InProgress, 2, 5, 0)), fp, 500),
+            Decision::Mismatch,
+            "mismatch is checked before the lease"
+        );
+        assert_eq!(
+            decide(Some(&rec(RecordState::Completed, 1, 5, 0)), fp, 0),
+            Decision::ReplayCompleted
+        );
+        assert_eq!(
+            decide(Some(&rec(RecordState::Failed, 1, 5, 0)), fp, 0),
+            Decision::ReplayFailed
+        );
+        assert_eq!(
+            decide(Some(&ip), fp, 40),
+            Decision::InProgress { retry_after_ms: 60 }
+        );
+        assert_eq!(decide(Some(&ip), fp, 100), Decision::TakeOver);
+    }
+
+    #[test]
+    fn owner_checks() {
+        let t = |n| FencingToken::new(n).unwrap();
+        let ip = rec(RecordState::InProgress, 1, 5, 100);
+        assert!(check_owner(Some(&ip), t(5)).is_ok());
+        assert!(matches!(
+            check_owner(Some(&ip), t(4)),
+            Err(Error::Fenced { .. })
+        ));
+        assert!(matches!(
+            check_owner(Some(&ip), t(6)),
+            Err(Error::UnknownRecord)
+        ));
+        assert!(matches!(check_owner(None, t(5)), Err(Error::UnknownRecord)));
+        assert!(matches!(
+            check_owner(Some(&rec(RecordState::Completed, 1, 5, 0)), t(5)),
+            Err(Error::NotInProgress { .. })
+        ));
+    }
+}

@@ -1,0 +1,122 @@
+//! Tracks records whose latest state is visible to readers but not yet durable.
+//!
+//! The writer commits all but the last transaction of a batch with `Durability::None`, which
+//! readers see at once. Invariant: a key is marked here *before* such a commit makes it
+//! visible and unmarked only after the durable commit covering it returned. A reader that
+//! finds its key marked must not answer from what it read: it waits for (or routes through)
+//! the durable commit.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::Error;
+use crate::scope::RecordKey;
+
+#[derive(Default)]
+pub(crate) struct DurabilityTracker {
+    /// Number of marked keys; lets readers skip the lock in the common case.
+    marked: AtomicUsize,
+    inner: Mutex<Inner>,
+    durable: Condvar,
+}
+
+#[derive(Default)]
+struct Inner {
+    undurable: HashMap<RecordKey, u64>,
+    durable_seq: u64,
+    newest_marked_seq: u64,
+    failed: bool,
+}
+
+impl DurabilityTracker {
+    /// Marks `keys` as about to become visible before batch `seq` is durable.
+    pub(crate) fn mark<'a>(&self, keys: impl Iterator<Item = &'a RecordKey>, seq: u64) {
+        let mut inner = self.inner.lock();
+        for key in keys {
+            if inner.undurable.insert(key.clone(), seq).is_none() {
+                self.marked.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        inner.newest_marked_seq = inner.newest_marked_seq.max(seq);
+    }
+
+    /// Batch `seq` and every earlier one are durable.
+    pub(crate) fn durable(&self, seq: u64) {
+        let mut inner = self.inner.lock();
+        inner.durable_seq = inner.durable_seq.max(seq);
+        let before = inner.undurable.len();
+        inner.undurable.retain(|_, s| *s > seq);
+        self.marked
+            .fetch_sub(before - inner.undurable.len(), Ordering::SeqCst);
+        drop(inner);
+        self.durable.notify_all();
+    }
+
+    /// A commit failed: what is marked may or may not be durable, and never will be known to
+    /// this process. Readers of marked keys get an error.
+    pub(crate) fn failed(&self) {
+        self.inner.lock().failed = true;
+        self.durable.notify_all();
+    }
+
+    /// The batch a reader of `key` must wait for, if the key's visible state is not durable.
+    pub(crate) fn pending_for(&self, key: &RecordKey) -> Option<u64> {
+        if self.marked.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        self.inner.lock().undurable.get(key).copied()
+    }
+
+    /// The newest batch whose non-durable commits a reader may have seen, if any is pending.
+    pub(crate) fn pending_any(&self) -> Option<u64> {
+        if self.marked.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let inner = self.inner.lock();
+        (inner.newest_marked_seq > inner.durable_seq).then_some(inner.newest_marked_seq)
+    }
+
+    /// Blocks until batch `seq` is durable.
+    pub(crate) fn wait(&self, seq: u64) -> Result<(), Error> {
+        let mut inner = self.inner.lock();
+        loop {
+            if inner.durable_seq >= seq {
+                return Ok(());
+            }
+            if inner.failed {
+                return Err(Error::WritesRefused);
+            }
+            self.durable.wait(&mut inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_clear_on_durable() {
+        let t = DurabilityTracker::default();
+        let k = RecordKey::from_stored(b"k");
+        assert_eq!(t.pending_for(&k), None);
+        t.mark([&k].into_iter(), 3);
+        assert_eq!(t.pending_for(&k), Some(3));
+        assert_eq!(t.pending_any(), Some(3));
+        t.durable(2);
+        assert_eq!(t.pending_for(&k), Some(3));
+        t.durable(3);
+        assert_eq!(t.pending_for(&k), None);
+        assert_eq!(t.pending_any(), None);
+        assert!(t.wait(3).is_ok());
+    }
+
+    #[test]
+    fn failure_releases_waiters_with_an_error() {
+        let t = DurabilityTracker::default();
+        t.failed();
+        assert!(matches!(t.wait(1), Err(Error::WritesRefused)));
+    }
+}

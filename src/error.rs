@@ -1,0 +1,218 @@
+//! Errors: misuse, fencing, I/O and corruption. Expected outcomes (duplicate, mismatch,
+//! in progress) are enum variants of the outcome types instead.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::record::RecordState;
+use crate::token::FencingToken;
+
+/// Why an input was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InputError {
+    /// A part that must not be empty was empty.
+    Empty {
+        /// Which part ("operation", "key").
+        what: &'static str,
+    },
+    /// A part or response was longer than the configured limit.
+    TooLong {
+        /// Which part.
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// A lease of zero length was asked for.
+    ZeroLease,
+    /// A business table name used idemdb's reserved prefix `idemdb_`.
+    ReservedTableName {
+        /// The refused name.
+        name: String,
+    },
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputError::Empty { what } => write!(f, "{what} must not be empty"),
+            InputError::TooLong { what, len, max } => {
+                write!(f, "{what} is {len} bytes, more than the limit of {max}")
+            }
+            InputError::ZeroLease => write!(f, "a lease must be longer than zero"),
+            InputError::ReservedTableName { name } => {
+                write!(
+                    f,
+                    "table name {name:?} uses the reserved prefix \"idemdb_\""
+                )
+            }
+        }
+    }
+}
+
+/// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
+///
+/// After [`Error::OutcomeUnknown`] the database refuses writes with [`Error::WritesRefused`]
+/// until it is reopened (redb's rule after a failed commit).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// Input was refused before anything was written.
+    InvalidInput(InputError),
+    /// The presented token is stale: the record was taken over by a newer owner, or released
+    /// and reserved again. Nothing changed.
+    Fenced {
+        /// The token presented.
+        presented: FencingToken,
+        /// The token the record holds now.
+        current: FencingToken,
+    },
+    /// No record exists for the reservation (it was released). Nothing changed.
+    UnknownRecord,
+    /// The record is not IN_PROGRESS any more (already completed or failed by this token).
+    /// Nothing changed.
+    NotInProgress {
+        /// The record's state.
+        state: RecordState,
+    },
+    /// The file is a redb database but not an idemdb one (or not a database at all).
+    NotIdemdb(String),
+    /// The file was written by a newer idemdb with a format this version cannot read.
+    UnsupportedFormat {
+        /// The version found in the file.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+    /// Stored bytes failed validation.
+    Corrupted(String),
+    /// A commit failed with an I/O error: the batch's changes may or may not be durable. A
+    /// holder of a reservation from that batch may or may not hold it. Reopen, then read.
+    OutcomeUnknown(Arc<redb::Error>),
+    /// An earlier commit failed; writes are refused until the database is reopened.
+    WritesRefused,
+    /// The database was closed.
+    Closed,
+    /// An engine thread panicked; the database refuses writes until reopened.
+    Poisoned(String),
+    /// The operating system gave no randomness for the fingerprint secret.
+    Entropy(String),
+    /// A typed value failed to serialize or deserialize.
+    Codec(Arc<serde_json::Error>),
+    /// An error from redb (storage, table or transaction).
+    Storage(Arc<redb::Error>),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
+            Error::Fenced { presented, current } => write!(
+                f,
+                "fencing token {presented} is stale: the record is now owned by token {current}"
+            ),
+            Error::UnknownRecord => write!(f, "no record exists for this reservation"),
+            Error::NotInProgress { state } => {
+                write!(f, "the record is {}, not in progress", state.as_str())
+            }
+            Error::NotIdemdb(why) => write!(f, "not an idemdb database: {why}"),
+            Error::UnsupportedFormat { found, supported } => write!(
+                f,
+                "database format version {found} is newer than this build supports ({supported})"
+            ),
+            Error::Corrupted(why) => write!(f, "corrupted data: {why}"),
+            Error::OutcomeUnknown(e) => write!(
+                f,
+                "commit failed, outcome unknown (the changes may be durable); reopen the database: {e}"
+            ),
+            Error::WritesRefused => write!(
+                f,
+                "writes are refused after a failed commit; reopen the database"
+            ),
+            Error::Closed => write!(f, "the database is closed"),
+            Error::Poisoned(why) => write!(f, "database poisoned, reopen it: {why}"),
+            Error::Entropy(e) => write!(f, "no randomness for the fingerprint secret: {e}"),
+            Error::Codec(e) => write!(f, "typed value codec: {e}"),
+            Error::Storage(e) => write!(f, "storage: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::OutcomeUnknown(e) => Some(&**e),
+            Error::Codec(e) => Some(&**e),
+            Error::Storage(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// Whether the operation may have taken effect even though it returned this error.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Error::OutcomeUnknown(_))
+    }
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error::Storage(Arc::new(e.into()))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::DatabaseError,
+    redb::SetDurabilityError
+);
+
+impl From<redb::Error> for Error {
+    fn from(e: redb::Error) -> Self {
+        Error::Storage(Arc::new(e))
+    }
+}
+
+/// What an [`IdemDb::execute`](crate::IdemDb::execute) or
+/// [`complete_with`](crate::IdemDb::complete_with) call can fail with: the caller's own error
+/// from the closure (nothing was committed), or the database's.
+#[derive(Debug)]
+pub enum ExecuteError<E> {
+    /// The closure returned this error; neither its writes nor the record were committed.
+    Closure(E),
+    /// The database failed or refused.
+    Db(Error),
+}
+
+impl<E: fmt::Display> fmt::Display for ExecuteError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecuteError::Closure(e) => write!(f, "closure failed, nothing committed: {e}"),
+            ExecuteError::Db(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for ExecuteError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExecuteError::Closure(e) => Some(e),
+            ExecuteError::Db(e) => Some(e),
+        }
+    }
+}
+
+impl<E> From<Error> for ExecuteError<E> {
+    fn from(e: Error) -> Self {
+        ExecuteError::Db(e)
+    }
+}

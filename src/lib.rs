@@ -1,0 +1,60 @@
+//! # idemdb
+//!
+//! An embedded, crash-safe store for idempotency (dedupe) records, on [`redb`].
+//!
+//! A service links it in to remember which *intents* it has already executed, so that client
+//! retries, gateway retries and queue redeliveries run the side effect once and every
+//! duplicate gets the first answer back, byte for byte.
+//!
+//! - A record is named by a [`Scope`] (operation, principal) and a [`Key`].
+//! - [`IdemDb::reserve`] is atomic: of concurrent duplicates exactly one is
+//!   [`Acquired`](ReserveOutcome::Acquired); the others see
+//!   [`InProgress`](ReserveOutcome::InProgress), or the stored response once it is finished.
+//! - The same key with another payload is a [`Mismatch`](ReserveOutcome::Mismatch), never a
+//!   replay.
+//! - An IN_PROGRESS record carries a lease; after it runs out a duplicate takes over with a
+//!   higher [`FencingToken`], and the old owner's late calls are refused with
+//!   [`Error::Fenced`].
+//! - [`IdemDb::execute`] and [`IdemDb::complete_with`] commit the record together with the
+//!   caller's own redb tables, in one transaction.
+//! - Every outcome returned is durable. Writes from concurrent callers share fsyncs (group
+//!   commit).
+//!
+//! See `docs/semantics.md` for every state × operation and `docs/design.md` for the layout.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod builder;
+mod clock;
+mod config;
+mod db;
+mod decide;
+mod durability;
+mod error;
+mod fingerprint;
+mod meta;
+mod outcome;
+mod record;
+mod scope;
+mod token;
+mod tx;
+mod typed;
+mod wait;
+mod writer;
+
+/// The redb version idemdb is built on, for the caller's own table definitions.
+pub use redb;
+
+pub use builder::Builder;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{Limits, WriterConfig};
+pub use db::IdemDb;
+pub use error::{Error, ExecuteError, InputError};
+pub use fingerprint::{Fingerprint, Payload};
+pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+pub use record::{Record, RecordState};
+pub use scope::{Key, Scope};
+pub use token::{FencingToken, Reservation};
+pub use tx::Tx;
+pub use typed::{Typed, TypedOutcome};

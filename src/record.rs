@@ -1,0 +1,211 @@
+//! The stored record and its versioned byte encoding (see docs/design.md).
+
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::token::FencingToken;
+
+/// Version byte that starts every encoded record.
+pub(crate) const RECORD_VERSION: u8 = 1;
+/// Bytes before the response: version, state, fingerprint, token, lease, created, updated,
+/// attempts.
+pub(crate) const HEADER_LEN: usize = 1 + 1 + 16 + 8 + 8 + 8 + 8 + 4;
+
+/// Where a record is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// Reserved by the holder of its fencing token; the work is running.
+    InProgress,
+    /// Finished; the stored response is replayed to every duplicate.
+    Completed,
+    /// Finished with a deterministic failure; the stored response is replayed, never re-run.
+    Failed,
+}
+
+impl RecordState {
+    fn to_byte(self) -> u8 {
+        match self {
+            RecordState::InProgress => 1,
+            RecordState::Completed => 2,
+            RecordState::Failed => 3,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(RecordState::InProgress),
+            2 => Some(RecordState::Completed),
+            3 => Some(RecordState::Failed),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name, as used in docs and exports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::InProgress => "in_progress",
+            RecordState::Completed => "completed",
+            RecordState::Failed => "failed",
+        }
+    }
+}
+
+/// A read-only view of one record, as returned by [`IdemDb::get`](crate::IdemDb::get).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The record's state.
+    pub state: RecordState,
+    /// Fingerprint of the request that created it.
+    pub fingerprint: Fingerprint,
+    /// The token of the current (or last) owner.
+    pub token: FencingToken,
+    /// When the lease of an IN_PROGRESS record runs out, ms since the epoch. Kept as it was
+    /// last set once the record is finished.
+    pub lease_expires_at: u64,
+    /// When the record was first reserved, ms since the epoch.
+    pub created_at: u64,
+    /// When the record last changed state or owner, ms since the epoch.
+    pub updated_at: u64,
+    /// How many times the record has been acquired (1 + takeovers).
+    pub attempts: u32,
+    /// The stored response of a COMPLETED or FAILED record, byte for byte; empty while
+    /// IN_PROGRESS.
+    pub response: Vec<u8>,
+}
+
+impl Record {
+    /// Encodes the record. The layout is documented in docs/design.md.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.response.len());
+        out.push(RECORD_VERSION);
+        out.push(self.state.to_byte());
+        out.extend_from_slice(&self.fingerprint.as_u128().to_le_bytes());
+        out.extend_from_slice(&self.token.get().to_le_bytes());
+        out.extend_from_slice(&self.lease_expires_at.to_le_bytes());
+        out.extend_from_slice(&self.created_at.to_le_bytes());
+        out.extend_from_slice(&self.updated_at.to_le_bytes());
+        out.extend_from_slice(&self.attempts.to_le_bytes());
+        out.extend_from_slice(&self.response);
+        out
+    }
+
+    /// Decodes a stored record; any malformed input is [`Error::Corrupted`], never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
+        let header = bytes
+            .get(..HEADER_LEN)
+            .ok_or_else(|| corrupt(format!("record of {} bytes is truncated", bytes.len())))?;
+        let mut r = Reader(header);
+        let version = r.u8();
+        if version != RECORD_VERSION {
+            return Err(corrupt(format!("unknown record version {version}")));
+        }
+        let state_byte = r.u8();
+        let state = RecordState::from_byte(state_byte)
+            .ok_or_else(|| corrupt(format!("unknown record state {state_byte}")))?;
+        let fingerprint = Fingerprint::from_u128(u128::from_le_bytes(r.array()));
+        let token = FencingToken::new(u64::from_le_bytes(r.array()))
+            .ok_or_else(|| corrupt("record holds fencing token 0".to_string()))?;
+        let lease_expires_at = u64::from_le_bytes(r.array());
+        let created_at = u64::from_le_bytes(r.array());
+        let updated_at = u64::from_le_bytes(r.array());
+        let attempts = u32::from_le_bytes(r.array());
+        let response = &bytes[HEADER_LEN..];
+        if state == RecordState::InProgress && !response.is_empty() {
+            return Err(corrupt("IN_PROGRESS record carries a response".to_string()));
+        }
+        if attempts == 0 {
+            return Err(corrupt("record with zero attempts".to_string()));
+        }
+        Ok(Record {
+            state,
+            fingerprint,
+            token,
+            lease_expires_at,
+            created_at,
+            updated_at,
+            attempts,
+            response: response.to_vec(),
+        })
+    }
+}
+
+fn corrupt(what: String) -> Error {
+    Error::Corrupted(what)
+}
+
+/// Reads fixed-size fields from a slice already checked to be long enough.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn u8(&mut self) -> u8 {
+        let [b] = self.array::<1>();
+        b
+    }
+
+    fn array<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(state: RecordState, response: &[u8]) -> Record {
+        Record {
+            state,
+            fingerprint: Fingerprint::from_u128(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            token: FencingToken::new(42).unwrap(),
+            lease_expires_at: 5_000,
+            created_at: 1_000,
+            updated_at: 2_000,
+            attempts: 2,
+            response: response.to_vec(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        for r in [
+            sample(RecordState::InProgress, b""),
+            sample(RecordState::Completed, b"HTTP/1.1 201\r\n\r\n{\"id\":1}"),
+            sample(RecordState::Failed, &[0, 255, 0]),
+        ] {
+            assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn layout_is_stable() {
+        let bytes = sample(RecordState::Completed, b"ok").encode();
+        assert_eq!(bytes.len(), HEADER_LEN + 2);
+        assert_eq!(&bytes[..2], &[1, 2]);
+        assert_eq!(bytes[2], 0x10, "fingerprint is little-endian");
+        assert_eq!(&bytes[18..26], &42u64.to_le_bytes());
+        assert_eq!(&bytes[50..54], &2u32.to_le_bytes());
+        assert_eq!(&bytes[54..], b"ok");
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        let good = sample(RecordState::InProgress, b"").encode();
+        for cut in 0..good.len() {
+            assert!(Record::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = good.clone();
+        bad[0] = 9;
+        assert!(Record::decode(&bad).is_err());
+        let mut bad = good.clone();
+        bad[1] = 0;
+        assert!(Record::decode(&bad).is_err());
+        let mut bad = good.clone();
+        bad.push(1);
+        assert!(Record::decode(&bad).is_err(), "IN_PROGRESS with a response");
+        let mut bad = good;
+        bad[18..26].copy_from_slice(&0u64.to_le_bytes());
+        assert!(Record::decode(&bad).is_err(), "token 0");
+    }
+}

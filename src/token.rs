@@ -1,0 +1,89 @@
+//! Fencing tokens and the reservation that carries one.
+
+use std::fmt;
+use std::num::NonZeroU64;
+
+use crate::scope::RecordKey;
+
+/// A fencing token: issued with every reservation and takeover, strictly increasing across the
+/// whole database and across restarts. Every state change by an owner presents it; a record
+/// whose token is higher refuses the change.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FencingToken(NonZeroU64);
+
+impl FencingToken {
+    /// A token from its number; `None` for 0, which is never issued.
+    pub const fn new(value: u64) -> Option<Self> {
+        match NonZeroU64::new(value) {
+            Some(v) => Some(FencingToken(v)),
+            None => None,
+        }
+    }
+
+    /// The token as a number, e.g. to pass downstream.
+    pub const fn get(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl fmt::Debug for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencingToken({})", self.0)
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Proof of ownership of an IN_PROGRESS record, returned by a successful reservation.
+///
+/// Pass it to [`complete`](crate::IdemDb::complete), [`fail`](crate::IdemDb::fail),
+/// [`release`](crate::IdemDb::release), [`extend`](crate::IdemDb::extend) or
+/// [`complete_with`](crate::IdemDb::complete_with). Once another caller has taken the record over
+/// after the lease expired, these are refused with [`Error::Fenced`](crate::Error::Fenced).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    pub(crate) record_key: RecordKey,
+    pub(crate) token: FencingToken,
+    pub(crate) lease_expires_at: u64,
+    pub(crate) attempt: u32,
+    pub(crate) takeover: bool,
+}
+
+impl Reservation {
+    /// The fencing token; pass it downstream with the key so the outside system can fence too.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// When the lease runs out, ms since the epoch; after it, a duplicate may take over.
+    pub fn lease_expires_at(&self) -> u64 {
+        self.lease_expires_at
+    }
+
+    /// How many times this record has been acquired, this time included (1 on the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether this reservation took over an expired lease of an earlier owner, whose work may
+    /// have partly run: the operation must be safe to resume or must be reconciled.
+    pub fn is_takeover(&self) -> bool {
+        self.takeover
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("record", &self.record_key)
+            .field("token", &self.token)
+            .field("lease_expires_at", &self.lease_expires_at)
+            .field("attempt", &self.attempt)
+            .field("takeover", &self.takeover)
+            .finish()
+    }
+}

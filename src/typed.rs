@@ -1,0 +1,120 @@
+//! A typed convenience layer: responses as any `serde` type, stored as JSON bytes.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::db::IdemDb;
+use crate::error::Error;
+use crate::fingerprint::Payload;
+use crate::outcome::ReserveOutcome;
+use crate::scope::{Key, Scope};
+use crate::token::Reservation;
+
+/// [`ReserveOutcome`] with decoded responses: `T` for success, `F` for a stored failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum TypedOutcome<T, F> {
+    /// The caller owns the intent; see [`ReserveOutcome::Acquired`].
+    Acquired(Reservation),
+    /// Same key, other payload; see [`ReserveOutcome::Mismatch`].
+    Mismatch,
+    /// The first success, decoded.
+    Completed(T),
+    /// The stored deterministic failure, decoded.
+    Failed(F),
+    /// Another caller holds a live lease; see [`ReserveOutcome::InProgress`].
+    InProgress {
+        /// Time left on the owner's lease.
+        retry_after: Duration,
+    },
+}
+
+/// A view of an [`IdemDb`] whose responses are `T` (success) and `F` (failure), stored as JSON.
+///
+/// ```
+/// use idemdb::{IdemDb, Key, Scope, TypedOutcome};
+/// use serde::{Deserialize, Serialize};
+/// use std::time::Duration;
+///
+/// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+/// struct Receipt { order: u64 }
+/// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+/// struct Declined { reason: String }
+///
+/// # let dir = tempfile::tempdir()?;
+/// let db = IdemDb::open(dir.path().join("db"))?;
+/// let purchases = db.typed::<Receipt, Declined>();
+/// let (scope, key) = (Scope::new("purchase", "u1"), Key::new("k"));
+/// let lease = Duration::from_secs(10);
+/// if let TypedOutcome::Acquired(r) = purchases.reserve(&scope, &key, b"req", lease)? {
+///     purchases.complete(&r, &Receipt { order: 7 })?;
+/// }
+/// assert_eq!(
+///     purchases.reserve(&scope, &key, b"req", lease)?,
+///     TypedOutcome::Completed(Receipt { order: 7 })
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Typed<'db, T, F = T> {
+    db: &'db IdemDb,
+    types: PhantomData<fn() -> (T, F)>,
+}
+
+impl IdemDb {
+    /// A typed view of this database; see [`Typed`].
+    pub fn typed<T, F>(&self) -> Typed<'_, T, F>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Serialize + DeserializeOwned,
+    {
+        Typed {
+            db: self,
+            types: PhantomData,
+        }
+    }
+}
+
+impl<T, F> Typed<'_, T, F>
+where
+    T: Serialize + DeserializeOwned,
+    F: Serialize + DeserializeOwned,
+{
+    /// [`IdemDb::reserve`], with stored responses decoded.
+    pub fn reserve<'p>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'p>>,
+        lease: Duration,
+    ) -> Result<TypedOutcome<T, F>, Error> {
+        Ok(match self.db.reserve(scope, key, payload, lease)? {
+            ReserveOutcome::Acquired(r) => TypedOutcome::Acquired(r),
+            ReserveOutcome::Mismatch => TypedOutcome::Mismatch,
+            ReserveOutcome::Completed(b) => TypedOutcome::Completed(decode(&b)?),
+            ReserveOutcome::Failed(b) => TypedOutcome::Failed(decode(&b)?),
+            ReserveOutcome::InProgress { retry_after } => TypedOutcome::InProgress { retry_after },
+        })
+    }
+
+    /// [`IdemDb::complete`] with `value` encoded as JSON.
+    pub fn complete(&self, reservation: &Reservation, value: &T) -> Result<(), Error> {
+        self.db.complete(reservation, encode(value)?)
+    }
+
+    /// [`IdemDb::fail`] with `value` encoded as JSON.
+    pub fn fail(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
+        self.db.fail(reservation, encode(value)?)
+    }
+}
+
+fn encode<V: Serialize>(value: &V) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(value).map_err(|e| Error::Codec(Arc::new(e)))
+}
+
+fn decode<V: DeserializeOwned>(bytes: &[u8]) -> Result<V, Error> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Codec(Arc::new(e)))
+}

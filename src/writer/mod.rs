@@ -1,0 +1,314 @@
+//! The one place every write goes through: a leader-based group commit.
+//!
+//! A caller queues its op. If no commit is running it becomes the leader: it takes what is
+//! queued (its own op first, up to `max_batch`), applies it on its own thread, makes it
+//! durable with one fsync'd commit, answers the followers and hands leadership to the first op
+//! that queued meanwhile. A lone caller pays one commit and no thread hand-off; under load, a
+//! batch is whatever arrived while the previous commit ran.
+//!
+//! Within a batch, ops without closures share a transaction; each op that runs caller code
+//! gets a transaction of its own so its failure undoes only its writes. All transactions but
+//! the last commit with `Durability::None` (visible, not yet on disk); the last one commits
+//! durably and covers them. Nobody is answered before that durable commit returns.
+
+mod apply;
+pub(crate) mod op;
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, Durability, WriteTransaction};
+
+use crate::clock::Clock;
+use crate::config::{Limits, WriterConfig};
+use crate::durability::DurabilityTracker;
+use crate::error::Error;
+use crate::meta::{META, NEXT_TOKEN_KEY, RECORDS};
+use crate::scope::RecordKey;
+use crate::wait::WaitRegistry;
+
+use apply::{Applied, Ctx, apply};
+pub(crate) use apply::{load, replay};
+use op::{OpOutput, WriteOp};
+
+pub(crate) struct Writer {
+    db: Arc<Database>,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    config: WriterConfig,
+    queue: Mutex<Queue>,
+    /// Held by the leader for the whole batch.
+    leader: Mutex<LeaderState>,
+    /// Set when a commit failed: writes are refused until reopen.
+    poisoned: AtomicBool,
+    pub(crate) durability: Arc<DurabilityTracker>,
+    pub(crate) waits: Arc<WaitRegistry>,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    leader_active: bool,
+}
+
+struct LeaderState {
+    next_token: u64,
+    batch_seq: u64,
+}
+
+struct Job {
+    op: WriteOp,
+    slot: Arc<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Waiting,
+    /// The previous leader handed leadership to this op's caller.
+    Lead,
+    Done(Result<OpOutput, Error>),
+}
+
+impl Slot {
+    fn set(&self, state: SlotState) {
+        *self.state.lock() = state;
+        self.cv.notify_one();
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(
+        db: Arc<Database>,
+        clock: Arc<dyn Clock>,
+        limits: Limits,
+        config: WriterConfig,
+        next_token: u64,
+    ) -> Self {
+        Writer {
+            db,
+            clock,
+            limits,
+            config,
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                leader_active: false,
+            }),
+            leader: Mutex::new(LeaderState {
+                next_token,
+                batch_seq: 0,
+            }),
+            poisoned: AtomicBool::new(false),
+            durability: Arc::default(),
+            waits: Arc::default(),
+        }
+    }
+
+    /// Queues `op`, waits until a durable commit covers it, and returns its answer.
+    pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
+        let slot = Arc::new(Slot::default());
+        let mut lead = {
+            let mut queue = self.queue.lock();
+            if self.poisoned.load(Ordering::SeqCst) {
+                return Err(Error::WritesRefused);
+            }
+            queue.jobs.push_back(Job {
+                op,
+                slot: Arc::clone(&slot),
+            });
+            !std::mem::replace(&mut queue.leader_active, true)
+        };
+        loop {
+            if lead {
+                self.lead();
+            }
+            let mut state = slot.state.lock();
+            loop {
+                match std::mem::take(&mut *state) {
+                    SlotState::Done(result) => return result,
+                    SlotState::Lead => {
+                        lead = true;
+                        break;
+                    }
+                    SlotState::Waiting => slot.cv.wait(&mut state),
+                }
+            }
+        }
+    }
+
+    /// Commits one batch (which holds the leader's own op) and passes leadership on.
+    fn lead(&self) {
+        let batch: Vec<Job> = {
+            let mut queue = self.queue.lock();
+            let n = queue.jobs.len().min(self.config.max_batch.max(1));
+            queue.jobs.drain(..n).collect()
+        };
+        let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
+        let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
+            Ok(results) => results,
+            Err(_) => {
+                // A bug in the engine or in redb: the file's state is unknown to us.
+                self.poison();
+                slots
+                    .iter()
+                    .map(|_| {
+                        Err(Error::Poisoned(
+                            "the writer panicked during a commit".into(),
+                        ))
+                    })
+                    .collect()
+            }
+        };
+        for (slot, result) in slots.iter().zip(results) {
+            slot.set(SlotState::Done(result));
+        }
+        let mut queue = self.queue.lock();
+        match queue.jobs.front() {
+            Some(next) => next.slot.set(SlotState::Lead),
+            None => queue.leader_active = false,
+        }
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.durability.failed();
+    }
+
+    fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
+        let n = batch.len();
+        if self.poisoned.load(Ordering::SeqCst) {
+            return (0..n).map(|_| Err(Error::WritesRefused)).collect();
+        }
+        let mut leader = self.leader.lock();
+        leader.batch_seq += 1;
+        let seq = leader.batch_seq;
+        let now_ms = self.clock.now_ms();
+        let keys: Vec<RecordKey> = batch.iter().map(|j| j.op.key().clone()).collect();
+        let segments = segments(&batch);
+        let mut ops = batch.into_iter().map(|j| j.op);
+        let mut results: Vec<Result<OpOutput, Error>> = Vec::with_capacity(n);
+        let mut changed: Vec<bool> = Vec::with_capacity(n);
+        // Some non-durable commit of this batch is not yet covered by a durable one.
+        let mut uncovered = false;
+        let last = segments.len().saturating_sub(1);
+        for (i, range) in segments.iter().enumerate() {
+            let durable = i == last;
+            let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
+            let mut ctx = Ctx {
+                now_ms,
+                next_token: &mut leader.next_token,
+                limits: &self.limits,
+            };
+            let (txn, applied) = match self.apply_segment(seg_ops, durable, &mut ctx) {
+                Ok(done) => done,
+                Err(e) => return self.fail_batch(e, n),
+            };
+            let rollback = applied.iter().find(|a| a.abort).map(|a| match &a.output {
+                Err(e) => e.clone(),
+                Ok(_) => Error::Corrupted("rolled back with a failing closure".into()),
+            });
+            let step = match &rollback {
+                None => {
+                    if !durable {
+                        self.durability.mark(keys[range.clone()].iter(), seq);
+                    }
+                    txn.commit().map_err(Error::from)
+                }
+                Some(_) => txn.abort().map_err(Error::from).and_then(|()| {
+                    if durable && uncovered {
+                        // Earlier non-durable commits still need a durable one to cover them.
+                        self.db.begin_write()?.commit()?;
+                    }
+                    Ok(())
+                }),
+            };
+            if let Err(e) = step {
+                return self.fail_batch(e, n);
+            }
+            uncovered |= !durable && rollback.is_none();
+            for a in applied {
+                changed.push(a.changed && rollback.is_none());
+                results.push(match &rollback {
+                    // A write in this transaction failed: its neighbours were rolled back too.
+                    Some(e) if !a.abort => Err(e.clone()),
+                    _ => a.output,
+                });
+            }
+        }
+        self.durability.durable(seq);
+        self.waits.notify(
+            keys.iter()
+                .zip(&changed)
+                .filter(|(_, c)| **c)
+                .map(|(k, _)| k),
+        );
+        results
+    }
+
+    /// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.
+    fn apply_segment(
+        &self,
+        ops: Vec<WriteOp>,
+        durable: bool,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(WriteTransaction, Vec<Applied>), Error> {
+        let mut txn = self.db.begin_write()?;
+        if !durable {
+            txn.set_durability(Durability::None)?;
+        }
+        let token_before = *ctx.next_token;
+        let mut applied = Vec::with_capacity(ops.len());
+        {
+            let mut records = txn.open_table(RECORDS)?;
+            for op in ops {
+                applied.push(apply(op, &txn, &mut records, ctx));
+            }
+        }
+        if *ctx.next_token != token_before && !applied.iter().any(|a| a.abort) {
+            txn.open_table(META)?
+                .insert(NEXT_TOKEN_KEY, &ctx.next_token.to_le_bytes()[..])?;
+        }
+        Ok((txn, applied))
+    }
+
+    /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
+    /// what the batch did is durable. Writes are refused from now on.
+    fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
+        self.poison();
+        let source = match e {
+            Error::Storage(s) | Error::OutcomeUnknown(s) => s,
+            other => Arc::new(redb::Error::Corrupted(other.to_string())),
+        };
+        (0..n)
+            .map(|_| Err(Error::OutcomeUnknown(Arc::clone(&source))))
+            .collect()
+    }
+}
+
+/// Splits a batch into transactions: runs of plain ops share one; each closure op has its own.
+fn segments(batch: &[Job]) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut start = 0;
+    for (i, job) in batch.iter().enumerate() {
+        if job.op.runs_closure() {
+            if start < i {
+                out.push(start..i);
+            }
+            out.push(i..i + 1);
+            start = i + 1;
+        }
+    }
+    if start < batch.len() {
+        out.push(start..batch.len());
+    }
+    out
+}

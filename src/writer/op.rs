@@ -1,0 +1,102 @@
+//! The operations that flow through the writer, and what each one answers.
+
+use std::any::Any;
+
+use crate::fingerprint::Fingerprint;
+use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::record::RecordState;
+use crate::scope::RecordKey;
+use crate::token::FencingToken;
+use crate::tx::Tx;
+
+/// A caller's closure returned `Err`; the error itself stays with the caller.
+pub(crate) struct ClosureFailed;
+
+/// The closure of a one-shot execute.
+pub(crate) type ExecuteFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Outcome, ClosureFailed> + Send>;
+/// The business writes of a `complete_with` / `fail_with`.
+pub(crate) type BusinessFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<(), ClosureFailed> + Send>;
+
+/// One write, as queued by a caller.
+pub(crate) enum WriteOp {
+    Reserve {
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    },
+    Finish {
+        key: RecordKey,
+        token: FencingToken,
+        state: RecordState,
+        response: Vec<u8>,
+        business: Option<BusinessFn>,
+    },
+    Release {
+        key: RecordKey,
+        token: FencingToken,
+    },
+    Extend {
+        key: RecordKey,
+        token: FencingToken,
+        lease_ms: u64,
+    },
+    Execute {
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        body: ExecuteFn,
+    },
+}
+
+impl WriteOp {
+    pub(crate) fn key(&self) -> &RecordKey {
+        match self {
+            WriteOp::Reserve { key, .. }
+            | WriteOp::Finish { key, .. }
+            | WriteOp::Release { key, .. }
+            | WriteOp::Extend { key, .. }
+            | WriteOp::Execute { key, .. } => key,
+        }
+    }
+
+    /// Whether the op runs caller code whose failure must undo its own writes only: such an op
+    /// gets a write transaction of its own.
+    pub(crate) fn runs_closure(&self) -> bool {
+        matches!(
+            self,
+            WriteOp::Execute { .. }
+                | WriteOp::Finish {
+                    business: Some(_),
+                    ..
+                }
+        )
+    }
+}
+
+/// What the writer answers one op with.
+pub(crate) enum OpOutput {
+    Reserved(ReserveOutcome),
+    /// Finish or release applied.
+    Done,
+    Extended {
+        lease_expires_at: u64,
+    },
+    Executed(ExecuteOutcome),
+    /// The caller's closure returned `Err`: nothing of this op committed.
+    ClosureFailed,
+    /// The caller's closure panicked: nothing of this op committed; the caller resumes the
+    /// panic on its own thread.
+    ClosurePanicked(Box<dyn Any + Send>),
+}
+
+impl std::fmt::Debug for OpOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpOutput::Reserved(o) => write!(f, "Reserved({o:?})"),
+            OpOutput::Done => write!(f, "Done"),
+            OpOutput::Extended { lease_expires_at } => write!(f, "Extended({lease_expires_at})"),
+            OpOutput::Executed(o) => write!(f, "Executed({o:?})"),
+            OpOutput::ClosureFailed => write!(f, "ClosureFailed"),
+            OpOutput::ClosurePanicked(_) => write!(f, "ClosurePanicked"),
+        }
+    }
+}
