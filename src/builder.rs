@@ -62,6 +62,13 @@ impl Builder {
         self
     }
 
+    /// Most operations waiting for a commit before callers wait for room (default 4,096; 0 is
+    /// taken as 1).
+    pub fn max_queue(mut self, max_queue: usize) -> Self {
+        self.writer.max_queue = max_queue.max(1);
+        self
+    }
+
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
@@ -101,6 +108,13 @@ impl Builder {
 
 fn open_error(e: redb::DatabaseError) -> Error {
     match e {
+        // redb reports a foreign file header as an I/O error of kind InvalidData.
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData
+                && io.to_string().contains("magic number") =>
+        {
+            Error::NotIdemdb(format!("not a redb database file ({io})"))
+        }
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg))
             if msg.contains("magic number") =>
         {

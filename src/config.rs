@@ -45,6 +45,16 @@ impl Limits {
                 Self::MAX_RESPONSE_LEN,
             ),
         ];
+        for what in ["max_operation_len", "max_key_len"] {
+            let len = if what == "max_key_len" {
+                self.max_key_len
+            } else {
+                self.max_operation_len
+            };
+            if len == 0 {
+                return Err(Error::InvalidInput(InputError::Empty { what }));
+            }
+        }
         for (what, len, max) in caps {
             if len > max {
                 return Err(Error::InvalidInput(InputError::TooLong { what, len, max }));
@@ -82,10 +92,16 @@ impl Default for Limits {
 pub struct WriterConfig {
     /// Most operations one durable commit may carry (default 256).
     pub max_batch: usize,
+    /// Most operations waiting for a commit (default 4,096). Past it, callers wait for room
+    /// (backpressure); no request is dropped.
+    pub max_queue: usize,
 }
 
 impl Default for WriterConfig {
     fn default() -> Self {
-        WriterConfig { max_batch: 256 }
+        WriterConfig {
+            max_batch: 256,
+            max_queue: 4096,
+        }
     }
 }

@@ -1,27 +1,28 @@
-//! The database handle and its public operations.
+//! The database handle and its synchronous operations.
 
 use std::fmt;
-use std::panic::resume_unwind;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
 use crate::builder::Builder;
-use crate::clock::{Clock, duration_ms};
+use crate::clock::Clock;
 use crate::config::{Limits, WriterConfig};
-use crate::decide::{Decision, decide};
-use crate::error::{Error, ExecuteError, InputError};
+use crate::error::{Error, ExecuteError};
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
 use crate::meta::{self, RECORDS};
+use crate::ops::{
+    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, lease_ms,
+    reserve_answer,
+};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, RecordKey, Scope};
 use crate::token::Reservation;
 use crate::tx::Tx;
-use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
-use crate::writer::{Writer, load, replay};
+use crate::writer::{Writer, load};
 
 /// An idempotency store in one redb file.
 ///
@@ -57,18 +58,29 @@ use crate::writer::{Writer, load, replay};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct IdemDb {
-    db: Arc<Database>,
-    writer: Writer,
-    fingerprinter: Fingerprinter,
-    limits: Limits,
-    clock: Arc<dyn Clock>,
+    pub(crate) db: Arc<Database>,
+    pub(crate) writer: Arc<Writer>,
+    pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) clock: Arc<dyn Clock>,
+    committer: Option<JoinHandle<()>>,
 }
 
 impl fmt::Debug for IdemDb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdemDb")
-            .field("limits", &self.limits)
+            .field("limits", self.limits())
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for IdemDb {
+    /// Answers every queued operation (of dropped async callers) before the file closes.
+    fn drop(&mut self) {
+        self.writer.shutdown();
+        if let Some(committer) = self.committer.take() {
+            // A panic there already poisoned the writer; nothing is left to answer.
+            let _ = committer.join();
+        }
     }
 }
 
@@ -91,20 +103,33 @@ impl IdemDb {
     ) -> Result<IdemDb, Error> {
         let meta = meta::load_or_init(&db)?;
         let db = Arc::new(db);
-        let writer = Writer::new(
+        let writer = Arc::new(Writer::new(
             Arc::clone(&db),
             Arc::clone(&clock),
-            limits.clone(),
+            limits,
             config,
             meta.next_token,
-        );
+        ));
+        let committer = {
+            let writer = Arc::clone(&writer);
+            std::thread::Builder::new()
+                .name("idemdb-committer".into())
+                .spawn(move || writer.run_committer())
+                .map_err(|e| Error::Poisoned(format!("cannot start the committer thread: {e}")))?
+        };
         Ok(IdemDb {
             db,
             writer,
             fingerprinter: meta.fingerprinter,
-            limits,
             clock,
+            committer: Some(committer),
         })
+    }
+
+    /// Closes the database: answers every queued operation, then closes the file. The same
+    /// as dropping it, spelled out.
+    pub fn close(self) {
+        drop(self);
     }
 
     /// The fingerprint of `payload` under this database's secret, as `reserve` computes it.
@@ -114,7 +139,7 @@ impl IdemDb {
 
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
-        &self.limits
+        self.writer.limits()
     }
 
     /// Reserves the intent `key` in `scope` for the request `payload`, atomically.
@@ -131,47 +156,10 @@ impl IdemDb {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
     ) -> Result<ReserveOutcome, Error> {
-        let record_key = RecordKey::encode(scope, key, &self.limits)?;
-        let lease_ms = lease_ms(lease)?;
-        let fingerprint = self.fingerprinter.resolve(payload.into());
-        self.reserve_encoded(record_key, fingerprint, lease_ms)
-    }
-
-    fn reserve_encoded(
-        &self,
-        key: RecordKey,
-        fingerprint: Fingerprint,
-        lease_ms: u64,
-    ) -> Result<ReserveOutcome, Error> {
-        if let Some(answer) = self.answer_from_snapshot(&key, fingerprint)? {
-            return Ok(answer);
+        match self.prepare_reserve(scope, key, payload.into(), lease)? {
+            Prepared::Answer(outcome) => Ok(outcome),
+            Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?),
         }
-        match self.writer.submit(WriteOp::Reserve {
-            key,
-            fingerprint,
-            lease_ms,
-        })? {
-            OpOutput::Reserved(outcome) => Ok(outcome),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// The answer a reservation gets without writing, if the snapshot decides it and what it
-    /// shows is durable. `None`: the writer must decide.
-    fn answer_from_snapshot(
-        &self,
-        key: &RecordKey,
-        fingerprint: Fingerprint,
-    ) -> Result<Option<ReserveOutcome>, Error> {
-        let txn = self.db.begin_read()?;
-        let existing = load(&txn.open_table(RECORDS)?, key)?;
-        let decision = decide(existing.as_ref(), fingerprint, self.clock.now_ms());
-        if matches!(decision, Decision::Acquire | Decision::TakeOver)
-            || self.writer.durability.pending_for(key).is_some()
-        {
-            return Ok(None);
-        }
-        Ok(Some(replay(decision, existing)))
     }
 
     /// Like [`reserve`](Self::reserve), but a duplicate that finds the intent IN_PROGRESS waits,
@@ -188,14 +176,18 @@ impl IdemDb {
         lease: Duration,
         timeout: Duration,
     ) -> Result<ReserveOutcome, Error> {
-        let record_key = RecordKey::encode(scope, key, &self.limits)?;
+        let record_key = RecordKey::encode(scope, key, self.limits())?;
         let lease_ms = lease_ms(lease)?;
         let fingerprint = self.fingerprinter.resolve(payload.into());
         let deadline = Instant::now().checked_add(timeout);
         let waiter = self.writer.waits.register(&record_key);
         loop {
             let seen = waiter.generation();
-            let outcome = self.reserve_encoded(record_key.clone(), fingerprint, lease_ms)?;
+            let outcome =
+                match self.prepare_reserve_encoded(record_key.clone(), fingerprint, lease_ms)? {
+                    Prepared::Answer(outcome) => outcome,
+                    Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?)?,
+                };
             let ReserveOutcome::InProgress { retry_after } = outcome else {
                 return Ok(outcome);
             };
@@ -223,7 +215,8 @@ impl IdemDb {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
-        self.finish(reservation, RecordState::Completed, response.into())
+        let op = self.prepare_finish(reservation, RecordState::Completed, response.into())?;
+        done_answer(self.writer.submit(op)?)
     }
 
     /// Finishes the reservation with a deterministic failure (a declined card): the record
@@ -234,58 +227,22 @@ impl IdemDb {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
-        self.finish(reservation, RecordState::Failed, response.into())
-    }
-
-    fn finish(
-        &self,
-        res: &Reservation,
-        state: RecordState,
-        response: Vec<u8>,
-    ) -> Result<(), Error> {
-        self.limits.check_response(&response)?;
-        let op = WriteOp::Finish {
-            key: res.record_key.clone(),
-            token: res.token,
-            state,
-            response,
-            business: None,
-        };
-        match self.writer.submit(op)? {
-            OpOutput::Done => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        let op = self.prepare_finish(reservation, RecordState::Failed, response.into())?;
+        done_answer(self.writer.submit(op)?)
     }
 
     /// Gives the intent up after a transient failure: the record is removed, so the next retry
     /// executes. Refused as [`complete`](Self::complete) is.
     pub fn release(&self, reservation: &Reservation) -> Result<(), Error> {
-        let op = WriteOp::Release {
-            key: reservation.record_key.clone(),
-            token: reservation.token,
-        };
-        match self.writer.submit(op)? {
-            OpOutput::Done => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        done_answer(self.writer.submit(Self::prepare_release(reservation))?)
     }
 
     /// Renews the lease for long work: it now runs out `lease` from now. Updates
     /// `reservation`'s expiry. Refused as [`complete`](Self::complete) is; an owner whose lease
     /// ran out but who was not taken over may still extend.
     pub fn extend(&self, reservation: &mut Reservation, lease: Duration) -> Result<(), Error> {
-        let op = WriteOp::Extend {
-            key: reservation.record_key.clone(),
-            token: reservation.token,
-            lease_ms: lease_ms(lease)?,
-        };
-        match self.writer.submit(op)? {
-            OpOutput::Extended { lease_expires_at } => {
-                reservation.lease_expires_at = lease_expires_at;
-                Ok(())
-            }
-            other => Err(unexpected(other)),
-        }
+        let op = Self::prepare_extend(reservation, lease)?;
+        extend_answer(self.writer.submit(op)?, reservation)
     }
 
     /// The two-step flow's second step: runs `business` and marks the record COMPLETED with
@@ -294,8 +251,10 @@ impl IdemDb {
     /// [`complete`](Self::complete) is.
     ///
     /// The closure may run on another caller's thread (the one leading the group commit), so it
-    /// must be `Send + 'static`: move what it needs into it. A panic in it is resumed on the
-    /// calling thread, after its writes were rolled back.
+    /// must be `Send + 'static`: move what it needs into it. It runs inside the commit: it must
+    /// not call this database (such a call fails with [`Error::Reentrant`]); write through the
+    /// [`Tx`]. A panic in it is resumed on the calling thread, after its writes were rolled
+    /// back.
     pub fn complete_with<F, E>(
         &self,
         reservation: &Reservation,
@@ -306,12 +265,13 @@ impl IdemDb {
         F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
         E: Send + 'static,
     {
-        self.finish_with(
+        let (op, error) = self.prepare_finish_with(
             reservation,
             RecordState::Completed,
             response.into(),
             business,
-        )
+        )?;
+        finish_with_answer(self.writer.submit(op), &error)
     }
 
     /// As [`complete_with`](Self::complete_with), but the record becomes FAILED: a
@@ -326,33 +286,9 @@ impl IdemDb {
         F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
         E: Send + 'static,
     {
-        self.finish_with(reservation, RecordState::Failed, response.into(), business)
-    }
-
-    fn finish_with<F, E>(
-        &self,
-        res: &Reservation,
-        state: RecordState,
-        response: Vec<u8>,
-        business: F,
-    ) -> Result<(), ExecuteError<E>>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
-        E: Send + 'static,
-    {
-        self.limits.check_response(&response)?;
-        let (body, error) = capture(business);
-        let op = WriteOp::Finish {
-            key: res.record_key.clone(),
-            token: res.token,
-            state,
-            response,
-            business: Some(Box::new(body)),
-        };
-        match self.writer.submit(op)? {
-            OpOutput::Done => Ok(()),
-            other => Err(closure_result(other, &error)),
-        }
+        let (op, error) =
+            self.prepare_finish_with(reservation, RecordState::Failed, response.into(), business)?;
+        finish_with_answer(self.writer.submit(op), &error)
     }
 
     /// The one-shot flow: reserves, runs `body` and records its [`Outcome`], all in one write
@@ -362,7 +298,12 @@ impl IdemDb {
     /// A duplicate gets the stored outcome (or `Mismatch`, or `InProgress` if a two-step owner
     /// holds the key) and `body` does not run. If `body` returns `Err`, nothing is committed
     /// and the error is returned: the next retry runs it again. `body` must be `Send +
-    /// 'static`, as for [`complete_with`](Self::complete_with).
+    /// 'static` and must not call this database, as for [`complete_with`](Self::complete_with).
+    ///
+    /// `body` should be pure database work: if it also calls an outside system, that call is
+    /// not undone when the transaction rolls back (a closure error, a response over
+    /// [`Limits::max_response_len`], a failed commit). Use the two-step flow for outside side
+    /// effects.
     pub fn execute<'p, F, E>(
         &self,
         scope: &Scope,
@@ -374,35 +315,16 @@ impl IdemDb {
         F: FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static,
         E: Send + 'static,
     {
-        let record_key = RecordKey::encode(scope, key, &self.limits)?;
-        let fingerprint = self.fingerprinter.resolve(payload.into());
-        if let Some(answer) = self.answer_from_snapshot(&record_key, fingerprint)? {
-            return Ok(match answer {
-                ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
-                ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
-                ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
-                ReserveOutcome::InProgress { retry_after } => {
-                    ExecuteOutcome::InProgress { retry_after }
-                }
-                ReserveOutcome::Acquired(_) => return Err(unexpected_acquire().into()),
-            });
-        }
-        let (body, error) = capture(body);
-        let op = WriteOp::Execute {
-            key: record_key,
-            fingerprint,
-            body: Box::new(body),
-        };
-        match self.writer.submit(op)? {
-            OpOutput::Executed(outcome) => Ok(outcome),
-            other => Err(closure_result(other, &error)),
+        match self.prepare_execute(scope, key, payload.into(), body)? {
+            (Prepared::Answer(outcome), _) => Ok(outcome),
+            (Prepared::Submit(op), error) => execute_answer(self.writer.submit(op), &error),
         }
     }
 
     /// A read-only view of the record for `key` in `scope`, for operators and tests. Waits if
     /// the record's newest state is not durable yet.
     pub fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        let record_key = RecordKey::encode(scope, key, &self.limits)?;
+        let record_key = RecordKey::encode(scope, key, self.limits())?;
         loop {
             let txn = self.db.begin_read()?;
             let record = load(&txn.open_table(RECORDS)?, &record_key)?;
@@ -423,57 +345,4 @@ impl IdemDb {
         }
         Ok(txn)
     }
-}
-
-fn lease_ms(lease: Duration) -> Result<u64, Error> {
-    match duration_ms(lease) {
-        0 => Err(Error::InvalidInput(InputError::ZeroLease)),
-        ms => Ok(ms),
-    }
-}
-
-/// Where a caller's closure error waits for the caller while the writer reports only that it
-/// failed.
-type ErrorSlot<E> = Arc<Mutex<Option<E>>>;
-
-/// Wraps a caller's closure for the writer: its error is kept aside for the caller.
-fn capture<T, E, F>(
-    f: F,
-) -> (
-    impl FnOnce(&mut Tx<'_>) -> Result<T, ClosureFailed> + Send + 'static,
-    ErrorSlot<E>,
-)
-where
-    F: FnOnce(&mut Tx<'_>) -> Result<T, E> + Send + 'static,
-    E: Send + 'static,
-{
-    let slot = Arc::new(Mutex::new(None));
-    let theirs = Arc::clone(&slot);
-    let body = move |tx: &mut Tx<'_>| {
-        f(tx).map_err(|e| {
-            *theirs.lock() = Some(e);
-            ClosureFailed
-        })
-    };
-    (body, slot)
-}
-
-/// Maps the writer's answer for a closure op that did not simply succeed.
-fn closure_result<E>(output: OpOutput, error: &Mutex<Option<E>>) -> ExecuteError<E> {
-    match output {
-        OpOutput::ClosureFailed => match error.lock().take() {
-            Some(e) => ExecuteError::Closure(e),
-            None => ExecuteError::Db(Error::Corrupted("closure error went missing".into())),
-        },
-        OpOutput::ClosurePanicked(payload) => resume_unwind(payload),
-        other => ExecuteError::Db(unexpected(other)),
-    }
-}
-
-fn unexpected(output: OpOutput) -> Error {
-    Error::Corrupted(format!("internal: unexpected writer answer {output:?}"))
-}
-
-fn unexpected_acquire() -> Error {
-    Error::Corrupted("internal: a snapshot answered with an acquisition".into())
 }

@@ -80,13 +80,16 @@ impl DurabilityTracker {
 
     /// Blocks until batch `seq` is durable.
     pub(crate) fn wait(&self, seq: u64) -> Result<(), Error> {
+        crate::writer::refuse_reentry()?;
         let mut inner = self.inner.lock();
         loop {
             if inner.durable_seq >= seq {
                 return Ok(());
             }
             if inner.failed {
-                return Err(Error::WritesRefused);
+                return Err(Error::Poisoned(
+                    "a commit failed, so this state may or may not be durable".into(),
+                ));
             }
             self.durable.wait(&mut inner);
         }
@@ -117,6 +120,6 @@ mod tests {
     fn failure_releases_waiters_with_an_error() {
         let t = DurabilityTracker::default();
         t.failed();
-        assert!(matches!(t.wait(1), Err(Error::WritesRefused)));
+        assert!(matches!(t.wait(1), Err(Error::Poisoned(_))));
     }
 }

@@ -95,8 +95,12 @@ pub enum Error {
     WritesRefused,
     /// The database was closed.
     Closed,
-    /// An engine thread panicked; the database refuses writes until reopened.
+    /// An engine thread panicked, or a commit failed and left state this process cannot
+    /// vouch for; the database refuses writes until reopened.
     Poisoned(String),
+    /// A closure of `execute` or `complete_with` called back into the database. It runs inside
+    /// the commit, so that call would wait for itself: use the [`Tx`](crate::Tx) handle.
+    Reentrant,
     /// The operating system gave no randomness for the fingerprint secret.
     Entropy(String),
     /// A typed value failed to serialize or deserialize.
@@ -133,6 +137,10 @@ impl fmt::Display for Error {
             ),
             Error::Closed => write!(f, "the database is closed"),
             Error::Poisoned(why) => write!(f, "database poisoned, reopen it: {why}"),
+            Error::Reentrant => write!(
+                f,
+                "a closure called the database from inside its own commit; use its Tx handle"
+            ),
             Error::Entropy(e) => write!(f, "no randomness for the fingerprint secret: {e}"),
             Error::Codec(e) => write!(f, "typed value codec: {e}"),
             Error::Storage(e) => write!(f, "storage: {e}"),
@@ -152,9 +160,10 @@ impl std::error::Error for Error {
 }
 
 impl Error {
-    /// Whether the operation may have taken effect even though it returned this error.
+    /// Whether the operation may have taken effect even though it returned this error: a
+    /// failed commit, or an engine panic during one. Reopen, then read the record.
     pub fn is_outcome_unknown(&self) -> bool {
-        matches!(self, Error::OutcomeUnknown(_))
+        matches!(self, Error::OutcomeUnknown(_) | Error::Poisoned(_))
     }
 }
 
@@ -214,5 +223,14 @@ impl<E: std::error::Error + 'static> std::error::Error for ExecuteError<E> {
 impl<E> From<Error> for ExecuteError<E> {
     fn from(e: Error) -> Self {
         ExecuteError::Db(e)
+    }
+}
+
+/// For closures whose own error type is [`Error`]: either way it is one error.
+impl From<ExecuteError<Error>> for Error {
+    fn from(e: ExecuteError<Error>) -> Self {
+        match e {
+            ExecuteError::Closure(e) | ExecuteError::Db(e) => e,
+        }
     }
 }

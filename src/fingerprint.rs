@@ -69,6 +69,12 @@ impl<'a> From<&'a str> for Payload<'a> {
     }
 }
 
+impl<'a> From<&'a String> for Payload<'a> {
+    fn from(text: &'a String) -> Self {
+        Payload::Bytes(text.as_bytes())
+    }
+}
+
 impl<'a> From<&'a Vec<u8>> for Payload<'a> {
     fn from(bytes: &'a Vec<u8>) -> Self {
         Payload::Bytes(bytes)

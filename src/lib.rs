@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod async_api;
 mod builder;
 mod clock;
 mod config;
@@ -34,9 +35,12 @@ mod durability;
 mod error;
 mod fingerprint;
 mod meta;
+mod ops;
 mod outcome;
 mod record;
 mod scope;
+#[cfg(feature = "fault-injection")]
+pub mod testing;
 mod token;
 mod tx;
 mod typed;
@@ -58,3 +62,8 @@ pub use scope::{Key, Scope};
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use typed::{Typed, TypedOutcome};
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,7 +1,7 @@
 //! Table definitions and the meta table: magic, format version, fingerprint secret, token
 //! counter. Layout in docs/design.md.
 
-use redb::{Database, ReadableDatabase, TableDefinition, TableHandle};
+use redb::{Database, MultimapTableHandle, ReadableDatabase, TableDefinition, TableHandle};
 
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
@@ -35,10 +35,15 @@ pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
         return Ok(meta);
     }
     let txn = db.begin_write()?;
-    if let Some(table) = txn.list_tables()?.next() {
+    let foreign = txn
+        .list_tables()?
+        .map(|t| t.name().to_string())
+        .chain(txn.list_multimap_tables()?.map(|t| t.name().to_string()))
+        .next();
+    if let Some(table) = foreign {
         return Err(Error::NotIdemdb(format!(
             "the redb database holds table {:?} but no {} table",
-            table.name(),
+            table,
             META.name()
         )));
     }
@@ -81,6 +86,9 @@ fn load(db: &Database) -> Result<Option<Meta>, Error> {
         return Err(Error::NotIdemdb("wrong magic in the meta table".into()));
     }
     let version = u32::from_le_bytes(fixed(&get(VERSION_KEY)?, VERSION_KEY)?);
+    if version == 0 {
+        return Err(Error::Corrupted("format_version is 0".into()));
+    }
     if version > FORMAT_VERSION {
         return Err(Error::UnsupportedFormat {
             found: version,

@@ -63,7 +63,8 @@ pub struct Record {
     pub lease_expires_at: u64,
     /// When the record was first reserved, ms since the epoch.
     pub created_at: u64,
-    /// When the record last changed state or owner, ms since the epoch.
+    /// When the record was last written (reserved, taken over, extended or finished), ms since
+    /// the epoch.
     pub updated_at: u64,
     /// How many times the record has been acquired (1 + takeovers).
     pub attempts: u32,

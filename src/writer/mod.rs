@@ -13,10 +13,9 @@
 
 mod apply;
 pub(crate) mod op;
+mod queue;
 
-use std::collections::VecDeque;
 use std::ops::Range;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -34,6 +33,20 @@ use crate::wait::WaitRegistry;
 use apply::{Applied, Ctx, apply};
 pub(crate) use apply::{load, replay};
 use op::{OpOutput, WriteOp};
+use queue::{Job, Queue};
+
+thread_local! {
+    /// Set while this thread commits a batch: a closure in it must not wait for the writer.
+    static COMMITTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuses a blocking call from inside a commit, which would wait for itself.
+pub(crate) fn refuse_reentry() -> Result<(), Error> {
+    if COMMITTING.with(|c| c.get()) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
+}
 
 pub(crate) struct Writer {
     db: Arc<Database>,
@@ -41,6 +54,10 @@ pub(crate) struct Writer {
     limits: Limits,
     config: WriterConfig,
     queue: Mutex<Queue>,
+    /// Wakes the committer thread (with `queue`'s lock) to lead for async callers.
+    committer: Condvar,
+    /// Wakes sync callers waiting for room in a full queue (with `queue`'s lock).
+    room: Condvar,
     /// Held by the leader for the whole batch.
     leader: Mutex<LeaderState>,
     /// Set when a commit failed: writes are refused until reopen.
@@ -49,41 +66,9 @@ pub(crate) struct Writer {
     pub(crate) waits: Arc<WaitRegistry>,
 }
 
-struct Queue {
-    jobs: VecDeque<Job>,
-    leader_active: bool,
-}
-
 struct LeaderState {
     next_token: u64,
     batch_seq: u64,
-}
-
-struct Job {
-    op: WriteOp,
-    slot: Arc<Slot>,
-}
-
-#[derive(Default)]
-struct Slot {
-    state: Mutex<SlotState>,
-    cv: Condvar,
-}
-
-#[derive(Default)]
-enum SlotState {
-    #[default]
-    Waiting,
-    /// The previous leader handed leadership to this op's caller.
-    Lead,
-    Done(Result<OpOutput, Error>),
-}
-
-impl Slot {
-    fn set(&self, state: SlotState) {
-        *self.state.lock() = state;
-        self.cv.notify_one();
-    }
 }
 
 impl Writer {
@@ -99,10 +84,9 @@ impl Writer {
             clock,
             limits,
             config,
-            queue: Mutex::new(Queue {
-                jobs: VecDeque::new(),
-                leader_active: false,
-            }),
+            queue: Mutex::new(Queue::default()),
+            committer: Condvar::new(),
+            room: Condvar::new(),
             leader: Mutex::new(LeaderState {
                 next_token,
                 batch_seq: 0,
@@ -113,77 +97,24 @@ impl Writer {
         }
     }
 
-    /// Queues `op`, waits until a durable commit covers it, and returns its answer.
-    pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
-        let slot = Arc::new(Slot::default());
-        let mut lead = {
-            let mut queue = self.queue.lock();
-            if self.poisoned.load(Ordering::SeqCst) {
-                return Err(Error::WritesRefused);
-            }
-            queue.jobs.push_back(Job {
-                op,
-                slot: Arc::clone(&slot),
-            });
-            !std::mem::replace(&mut queue.leader_active, true)
-        };
-        loop {
-            if lead {
-                self.lead();
-            }
-            let mut state = slot.state.lock();
-            loop {
-                match std::mem::take(&mut *state) {
-                    SlotState::Done(result) => return result,
-                    SlotState::Lead => {
-                        lead = true;
-                        break;
-                    }
-                    SlotState::Waiting => slot.cv.wait(&mut state),
-                }
-            }
-        }
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
     }
 
-    /// Commits one batch (which holds the leader's own op) and passes leadership on.
-    fn lead(&self) {
-        let batch: Vec<Job> = {
-            let mut queue = self.queue.lock();
-            let n = queue.jobs.len().min(self.config.max_batch.max(1));
-            queue.jobs.drain(..n).collect()
-        };
-        let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
-        let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
-            Ok(results) => results,
-            Err(_) => {
-                // A bug in the engine or in redb: the file's state is unknown to us.
-                self.poison();
-                slots
-                    .iter()
-                    .map(|_| {
-                        Err(Error::Poisoned(
-                            "the writer panicked during a commit".into(),
-                        ))
-                    })
-                    .collect()
-            }
-        };
-        for (slot, result) in slots.iter().zip(results) {
-            slot.set(SlotState::Done(result));
-        }
-        let mut queue = self.queue.lock();
-        match queue.jobs.front() {
-            Some(next) => next.slot.set(SlotState::Lead),
-            None => queue.leader_active = false,
-        }
-    }
-
-    fn poison(&self) {
+    pub(crate) fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
         self.durability.failed();
     }
 
     fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
+        struct Committing;
+        impl Drop for Committing {
+            fn drop(&mut self) {
+                COMMITTING.with(|c| c.set(false));
+            }
+        }
+        COMMITTING.with(|c| c.set(true));
+        let _committing = Committing;
         let n = batch.len();
         if self.poisoned.load(Ordering::SeqCst) {
             return (0..n).map(|_| Err(Error::WritesRefused)).collect();
@@ -216,14 +147,16 @@ impl Writer {
                 Err(e) => e.clone(),
                 Ok(_) => Error::Corrupted("rolled back with a failing closure".into()),
             });
+            // A transaction that changed nothing is not worth an fsync.
+            let wrote = applied.iter().any(|a| a.changed);
             let step = match &rollback {
-                None => {
+                None if wrote => {
                     if !durable {
                         self.durability.mark(keys[range.clone()].iter(), seq);
                     }
                     txn.commit().map_err(Error::from)
                 }
-                Some(_) => txn.abort().map_err(Error::from).and_then(|()| {
+                _ => txn.abort().map_err(Error::from).and_then(|()| {
                     if durable && uncovered {
                         // Earlier non-durable commits still need a durable one to cover them.
                         self.db.begin_write()?.commit()?;
@@ -234,7 +167,7 @@ impl Writer {
             if let Err(e) = step {
                 return self.fail_batch(e, n);
             }
-            uncovered |= !durable && rollback.is_none();
+            uncovered |= !durable && rollback.is_none() && wrote;
             for a in applied {
                 changed.push(a.changed && rollback.is_none());
                 results.push(match &rollback {

@@ -1,0 +1,608 @@
+//! The three engines under test, behind one small interface, plus the fsync floor.
+//!
+//! - `idemdb`: the crate, through its public sync API.
+//! - `redb_naive`: what a user would write on redb alone: one `Durability::Immediate` write
+//!   transaction per operation.
+//! - `sqlite`: rusqlite (bundled SQLite), WAL, `synchronous=FULL`, one connection per thread.
+//!
+//! Every engine stores the same logical record: the scope-qualified key, a 128-bit payload
+//! fingerprint, a state, a fencing token and the response bytes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idemdb::redb::{self, ReadableDatabase, ReadableTable, TableDefinition};
+use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
+use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// The request body every operation carries (fingerprinted by every engine).
+pub const PAYLOAD: &[u8] = br#"{"sku":"book-1","cents":1999,"currency":"EUR","qty":1,"u":"42"}"#;
+/// The response every completion stores and every replay returns (64 bytes).
+pub const RESPONSE: &[u8] = br#"201 Created {"order":"o-000000000001","total":1999,"ok":true}"#;
+const OPERATION: &str = "POST /purchases";
+const PRINCIPAL: &str = "tenant-0001";
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The caller's own business table, written by `execute`.
+const ORDERS: TableDefinition<&[u8], u64> = TableDefinition::new("orders");
+/// The naive redb baseline's records table.
+const IDEM: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem");
+
+const STATE_IN_PROGRESS: u8 = 0;
+const STATE_COMPLETED: u8 = 1;
+
+/// Ids of fresh keys: far above the preloaded replay keys (`0..n`), unique in the process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 40);
+
+/// A key id nobody has used yet.
+pub fn fresh_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The 32-byte idempotency key for id `n`: random-looking hex (like a client-minted UUID), so
+/// inserts land all over the B-trees. splitmix64 is a bijection, so distinct ids give distinct
+/// keys.
+pub fn key_bytes(n: u64) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let words = [splitmix64(n), splitmix64(n ^ 0x5851_f42d_4c95_7f2d)];
+    let mut out = [0u8; 32];
+    for (w, word) in words.iter().enumerate() {
+        for i in 0..16 {
+            out[w * 16 + i] = HEX[((word >> (60 - 4 * i)) & 0xf) as usize];
+        }
+    }
+    out
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The baselines' stored key: scope and key, as idemdb qualifies its own (similar length).
+fn scoped_key(n: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(OPERATION.len() + PRINCIPAL.len() + 34);
+    k.extend_from_slice(OPERATION.as_bytes());
+    k.push(0);
+    k.extend_from_slice(PRINCIPAL.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&key_bytes(n));
+    k
+}
+
+/// A small, fast generator for replay key choices.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(splitmix64(seed) | 1)
+    }
+
+    /// Uniform-enough in `0..n` for picking among preloaded keys.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// One caller's handle on an engine (a SQLite connection, or a shared handle).
+pub trait Session: Send {
+    /// Reserves a fresh key; it must be acquired.
+    fn reserve(&mut self, id: u64);
+    /// Reserves a fresh key and completes it: two durable writes.
+    fn lifecycle(&mut self, id: u64);
+    /// One-shot: reserve, one business insert and completion, in one durable transaction.
+    fn execute(&mut self, id: u64);
+    /// Reserves a completed key: returns the stored response's length.
+    fn replay(&mut self, id: u64) -> usize;
+}
+
+/// An engine on one fresh file.
+pub trait Engine: Send + Sync {
+    /// A handle for one caller thread.
+    fn session(&self) -> Box<dyn Session>;
+    /// Stores `n` completed records, ids `0..n`, durably. Not measured; only needs speed.
+    fn preload(&self, n: u64);
+}
+
+/// Which engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Idem,
+    Naive,
+    Sqlite,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Idem, Kind::Naive, Kind::Sqlite];
+
+    /// The benchmark id, also the directory name under target/criterion/<cell>/.
+    pub fn id(self) -> &'static str {
+        match self {
+            Kind::Idem => "idemdb",
+            Kind::Naive => "redb_naive",
+            Kind::Sqlite => "sqlite",
+        }
+    }
+
+    /// Opens the engine on a fresh file in `dir`.
+    pub fn open(self, dir: &Path) -> Arc<dyn Engine> {
+        match self {
+            Kind::Idem => Arc::new(Idem {
+                db: Arc::new(IdemDb::open(dir.join("bench.idemdb")).expect("open idemdb")),
+            }),
+            Kind::Naive => Arc::new(Naive::open(&dir.join("bench.redb"))),
+            Kind::Sqlite => Arc::new(Sqlite::open(&dir.join("bench.sqlite"))),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// idemdb
+
+struct Idem {
+    db: Arc<IdemDb>,
+}
+
+struct IdemSession {
+    db: Arc<IdemDb>,
+    scope: Scope,
+}
+
+impl Engine for Idem {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(IdemSession {
+            db: Arc::clone(&self.db),
+            scope: Scope::new(OPERATION, PRINCIPAL),
+        })
+    }
+
+    fn preload(&self, n: u64) {
+        // Many concurrent callers, so that group commit writes the preload in large batches.
+        let threads = 128.min(n.max(1));
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                s.spawn(move || {
+                    let mut session = self.session();
+                    let mut id = t;
+                    while id < n {
+                        session.lifecycle(id);
+                        id += threads;
+                    }
+                });
+            }
+        });
+    }
+}
+
+impl IdemSession {
+    fn acquire(&self, id: u64) -> idemdb::Reservation {
+        match self
+            .db
+            .reserve(&self.scope, &Key::new(key_bytes(id)), PAYLOAD, LEASE)
+            .expect("idemdb reserve")
+        {
+            ReserveOutcome::Acquired(reservation) => reservation,
+            other => panic!("fresh key not acquired: {other:?}"),
+        }
+    }
+}
+
+impl Session for IdemSession {
+    fn reserve(&mut self, id: u64) {
+        self.acquire(id);
+    }
+
+    fn lifecycle(&mut self, id: u64) {
+        let reservation = self.acquire(id);
+        self.db
+            .complete(&reservation, RESPONSE)
+            .expect("idemdb complete");
+    }
+
+    fn execute(&mut self, id: u64) {
+        let key = key_bytes(id);
+        let done = self
+            .db
+            .execute(&self.scope, &Key::new(key), PAYLOAD, move |tx| {
+                tx.open_table(ORDERS)?.insert(&key[..], 1999)?;
+                Ok::<_, idemdb::Error>(Outcome::Completed(RESPONSE.to_vec()))
+            })
+            .expect("idemdb execute");
+        assert!(matches!(done, ExecuteOutcome::Executed(_)), "{done:?}");
+    }
+
+    fn replay(&mut self, id: u64) -> usize {
+        match self
+            .db
+            .reserve(&self.scope, &Key::new(key_bytes(id)), PAYLOAD, LEASE)
+            .expect("idemdb replay")
+        {
+            ReserveOutcome::Completed(response) => response.len(),
+            other => panic!("preloaded key not completed: {other:?}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Naive redb: one durable write transaction per operation.
+
+struct Naive {
+    db: Arc<redb::Database>,
+    /// Fencing tokens; kept in memory (a real one would persist them: this favours the baseline).
+    tokens: Arc<AtomicU64>,
+}
+
+struct NaiveSession {
+    db: Arc<redb::Database>,
+    tokens: Arc<AtomicU64>,
+    fp: u128,
+}
+
+/// `state | token (8, LE) | fingerprint (16, LE) | response`.
+fn encode(state: u8, token: u64, fp: u128, response: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(25 + response.len());
+    v.push(state);
+    v.extend_from_slice(&token.to_le_bytes());
+    v.extend_from_slice(&fp.to_le_bytes());
+    v.extend_from_slice(response);
+    v
+}
+
+struct Decoded<'a> {
+    state: u8,
+    token: u64,
+    fp: u128,
+    response: &'a [u8],
+}
+
+fn decode(v: &[u8]) -> Decoded<'_> {
+    Decoded {
+        state: v[0],
+        token: u64::from_le_bytes(v[1..9].try_into().expect("8 bytes")),
+        fp: u128::from_le_bytes(v[9..25].try_into().expect("16 bytes")),
+        response: &v[25..],
+    }
+}
+
+impl Naive {
+    fn open(path: &Path) -> Naive {
+        let db = redb::Database::create(path).expect("open redb");
+        let txn = db.begin_write().expect("begin");
+        txn.open_table(IDEM).expect("create table");
+        txn.open_table(ORDERS).expect("create table");
+        txn.commit().expect("commit");
+        Naive {
+            db: Arc::new(db),
+            tokens: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+impl Engine for Naive {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(NaiveSession {
+            db: Arc::clone(&self.db),
+            tokens: Arc::clone(&self.tokens),
+            fp: xxh3_128(PAYLOAD),
+        })
+    }
+
+    fn preload(&self, n: u64) {
+        let fp = xxh3_128(PAYLOAD);
+        let txn = self.db.begin_write().expect("begin");
+        {
+            let mut table = txn.open_table(IDEM).expect("table");
+            for id in 0..n {
+                let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+                let value = encode(STATE_COMPLETED, token, fp, RESPONSE);
+                table
+                    .insert(scoped_key(id).as_slice(), value.as_slice())
+                    .expect("insert");
+            }
+        }
+        txn.commit().expect("commit");
+    }
+}
+
+impl NaiveSession {
+    /// begin_write, get; absent: insert IN_PROGRESS and commit. Returns the token.
+    fn acquire(&self, key: &[u8]) -> u64 {
+        let fp = xxh3_128(PAYLOAD);
+        let txn = self.db.begin_write().expect("begin_write");
+        let token = {
+            let mut table = txn.open_table(IDEM).expect("open_table");
+            if let Some(v) = table.get(key).expect("get") {
+                let rec = decode(v.value());
+                panic!(
+                    "fresh key exists: state {} fp match {}",
+                    rec.state,
+                    rec.fp == fp
+                );
+            }
+            let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+            table
+                .insert(key, encode(STATE_IN_PROGRESS, token, fp, &[]).as_slice())
+                .expect("insert");
+            token
+        };
+        txn.commit().expect("commit");
+        token
+    }
+}
+
+impl Session for NaiveSession {
+    fn reserve(&mut self, id: u64) {
+        self.acquire(&scoped_key(id));
+    }
+
+    fn lifecycle(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let token = self.acquire(&key);
+        // complete: begin_write, get, check owner and state, insert COMPLETED, commit.
+        let txn = self.db.begin_write().expect("begin_write");
+        {
+            let mut table = txn.open_table(IDEM).expect("open_table");
+            let value = {
+                let v = table.get(key.as_slice()).expect("get").expect("reserved");
+                let rec = decode(v.value());
+                assert!(rec.state == STATE_IN_PROGRESS && rec.token == token);
+                encode(STATE_COMPLETED, token, rec.fp, RESPONSE)
+            };
+            table
+                .insert(key.as_slice(), value.as_slice())
+                .expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+
+    fn execute(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let fp = xxh3_128(PAYLOAD);
+        let txn = self.db.begin_write().expect("begin_write");
+        {
+            let mut table = txn.open_table(IDEM).expect("open_table");
+            assert!(table.get(key.as_slice()).expect("get").is_none());
+            txn.open_table(ORDERS)
+                .expect("orders")
+                .insert(&key_bytes(id)[..], 1999)
+                .expect("insert order");
+            let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+            table
+                .insert(
+                    key.as_slice(),
+                    encode(STATE_COMPLETED, token, fp, RESPONSE).as_slice(),
+                )
+                .expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+
+    fn replay(&mut self, id: u64) -> usize {
+        let txn = self.db.begin_read().expect("begin_read");
+        let table = txn.open_table(IDEM).expect("open_table");
+        let v = table
+            .get(scoped_key(id).as_slice())
+            .expect("get")
+            .expect("preloaded");
+        let rec = decode(v.value());
+        assert!(rec.fp == self.fp && rec.state == STATE_COMPLETED);
+        rec.response.to_vec().len()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite: WAL, synchronous=FULL, one connection per thread, busy_timeout 10 s.
+
+struct Sqlite {
+    path: std::path::PathBuf,
+    tokens: Arc<AtomicU64>,
+}
+
+struct SqliteSession {
+    conn: Connection,
+    tokens: Arc<AtomicU64>,
+    fp: [u8; 16],
+}
+
+const SQL_RESERVE: &str = "INSERT INTO idem(key, fp, state, token, response) \
+     VALUES (?1, ?2, 0, ?3, NULL) ON CONFLICT(key) DO NOTHING";
+const SQL_LOOKUP: &str = "SELECT fp, state, token, response FROM idem WHERE key = ?1";
+const SQL_COMPLETE: &str =
+    "UPDATE idem SET state = 1, response = ?3 WHERE key = ?1 AND token = ?2 AND state = 0";
+const SQL_ORDER: &str = "INSERT INTO orders(key, cents) VALUES (?1, ?2)";
+
+/// Times a SQLite call had to be retried because it still got SQLITE_BUSY after busy_timeout.
+pub static SQLITE_BUSY_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+fn connect(path: &Path) -> Connection {
+    let conn = Connection::open(path).expect("open sqlite");
+    conn.busy_timeout(Duration::from_secs(10))
+        .expect("busy_timeout");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .expect("journal_mode");
+    assert_eq!(mode.to_lowercase(), "wal");
+    conn.pragma_update(None, "synchronous", "FULL")
+        .expect("synchronous");
+    conn
+}
+
+/// Runs `f`, again while SQLite reports busy (counted; with a 10 s busy_timeout it should not
+/// happen).
+fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> T {
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == ErrorCode::DatabaseBusy => {
+                SQLITE_BUSY_RETRIES.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => panic!("sqlite: {e}"),
+        }
+    }
+}
+
+impl Sqlite {
+    fn open(path: &Path) -> Sqlite {
+        let conn = connect(path);
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS idem(key BLOB PRIMARY KEY, fp BLOB NOT NULL, \
+               state INTEGER NOT NULL, token INTEGER NOT NULL, response BLOB);
+             CREATE TABLE IF NOT EXISTS orders(key BLOB PRIMARY KEY, cents INTEGER NOT NULL);",
+        )
+        .expect("schema");
+        Sqlite {
+            path: path.to_path_buf(),
+            tokens: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+impl Engine for Sqlite {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(SqliteSession {
+            conn: connect(&self.path),
+            tokens: Arc::clone(&self.tokens),
+            fp: xxh3_128(PAYLOAD).to_le_bytes(),
+        })
+    }
+
+    fn preload(&self, n: u64) {
+        let mut conn = connect(&self.path);
+        let fp = xxh3_128(PAYLOAD).to_le_bytes();
+        let tx = conn.transaction().expect("begin");
+        {
+            let mut stmt = tx
+                .prepare(
+                    "INSERT INTO idem(key, fp, state, token, response) VALUES (?1, ?2, 1, ?3, ?4)",
+                )
+                .expect("prepare");
+            for id in 0..n {
+                let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+                stmt.execute(params![scoped_key(id), &fp[..], token as i64, RESPONSE])
+                    .expect("insert");
+            }
+        }
+        tx.commit().expect("commit");
+    }
+}
+
+impl SqliteSession {
+    /// `INSERT .. ON CONFLICT DO NOTHING`; if no row was inserted, `SELECT` it. Returns the
+    /// token.
+    fn acquire(&self, key: &[u8]) -> u64 {
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let inserted = retry_busy(|| {
+            self.conn
+                .prepare_cached(SQL_RESERVE)?
+                .execute(params![key, &self.fp[..], token as i64])
+        });
+        if inserted == 0 {
+            let state: i64 = retry_busy(|| {
+                self.conn
+                    .prepare_cached(SQL_LOOKUP)?
+                    .query_row(params![key], |r| r.get(1))
+            });
+            panic!("fresh key exists in state {state}");
+        }
+        token
+    }
+}
+
+impl Session for SqliteSession {
+    fn reserve(&mut self, id: u64) {
+        self.acquire(&scoped_key(id));
+    }
+
+    fn lifecycle(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let token = self.acquire(&key);
+        let updated = retry_busy(|| {
+            self.conn
+                .prepare_cached(SQL_COMPLETE)?
+                .execute(params![key, token as i64, RESPONSE])
+        });
+        assert_eq!(updated, 1, "complete refused");
+    }
+
+    fn execute(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let fp = self.fp;
+        let conn = &mut self.conn;
+        retry_busy(|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let inserted =
+                tx.prepare_cached(SQL_RESERVE)?
+                    .execute(params![key, &fp[..], token as i64])?;
+            assert_eq!(inserted, 1, "fresh key exists");
+            tx.prepare_cached(SQL_ORDER)?
+                .execute(params![&key_bytes(id)[..], 1999])?;
+            let updated =
+                tx.prepare_cached(SQL_COMPLETE)?
+                    .execute(params![key, token as i64, RESPONSE])?;
+            assert_eq!(updated, 1, "complete refused");
+            tx.commit()
+        });
+    }
+
+    fn replay(&mut self, id: u64) -> usize {
+        let key = scoped_key(id);
+        let (fp, state, response): (Vec<u8>, i64, Vec<u8>) = retry_busy(|| {
+            self.conn
+                .prepare_cached(SQL_LOOKUP)?
+                .query_row(params![key], |r| Ok((r.get(0)?, r.get(1)?, r.get(3)?)))
+        });
+        assert!(fp == self.fp && state == i64::from(STATE_COMPLETED));
+        response.len()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fsync floor.
+
+/// 4 KiB pwrite into a preallocated file + fdatasync: the least one durable commit costs.
+pub struct FsyncFloor {
+    file: File,
+    block: [u8; 4096],
+    next: u64,
+}
+
+const FLOOR_BLOCKS: u64 = 1024;
+
+impl FsyncFloor {
+    pub fn open(dir: &Path) -> FsyncFloor {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("floor.bin"))
+            .expect("create floor file");
+        let zeros = vec![0u8; (FLOOR_BLOCKS * 4096) as usize];
+        file.write_all_at(&zeros, 0).expect("preallocate");
+        file.sync_all().expect("sync");
+        FsyncFloor {
+            file,
+            block: [0xa5; 4096],
+            next: 0,
+        }
+    }
+
+    pub fn op(&mut self) {
+        let offset = (self.next % FLOOR_BLOCKS) * 4096;
+        self.block[..8].copy_from_slice(&self.next.to_le_bytes());
+        self.next += 1;
+        self.file.write_all_at(&self.block, offset).expect("pwrite");
+        self.file.sync_data().expect("fdatasync");
+    }
+}

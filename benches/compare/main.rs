@@ -1,0 +1,262 @@
+//! idemdb against the two stores a user would otherwise embed, in one run:
+//! naive redb (one durable write transaction per operation) and SQLite (WAL,
+//! `synchronous=FULL`, a connection per thread).
+//!
+//! Cells (each engine on a fresh file in a temporary directory; all writes durable):
+//! - `reserve_1`: one caller reserving fresh keys, beside the fsync floor.
+//! - `lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads.
+//! - `execute_{1,64}`: one-shot execute with one business insert, by N caller threads.
+//! - `replay_{1,2}`: reserve of a completed key, random among 100,000 preloaded ones.
+//! - `replay_1_load64`: `replay_1` while 64 other threads run lifecycles on the same store.
+//!
+//! One criterion iteration of an N-thread cell is one operation on each thread (N operations),
+//! so criterion's time is per N operations and its throughput is in operations per second.
+//!
+//! Run: `cargo bench --bench compare` (about 5 minutes); the summary table with idemdb ÷
+//! baseline ratios is printed at the end and written to `target/bench-results/summary.md`.
+//! `cargo bench --bench compare -- report-only` re-prints the last run's table.
+
+mod engines;
+mod pool;
+mod report;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use tempfile::TempDir;
+
+use engines::{Engine, FsyncFloor, Kind, Rng, SQLITE_BUSY_RETRIES, fresh_id};
+use pool::{Load, Pool, Work, nanos};
+
+/// Completed records preloaded for the replay cells.
+const REPLAY_KEYS: u64 = 100_000;
+/// Fewer in criterion's test mode, where every benchmark runs once.
+const REPLAY_KEYS_TEST: u64 = 2_000;
+/// Caller threads of the write load beside `replay_1_load64`.
+const LOAD_THREADS: usize = 64;
+
+fn main() {
+    let test_mode = is_test_mode();
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .without_plots()
+        .configure_from_args();
+    let root = tempfile::Builder::new()
+        .prefix("idemdb-bench-")
+        .tempdir()
+        .expect("tempdir");
+
+    reserve_1(&mut c, root.path());
+    for n in [1, 4, 16, 64] {
+        concurrent(&mut c, root.path(), "lifecycle", n, Work::Lifecycle);
+    }
+    for n in [1, 64] {
+        concurrent(&mut c, root.path(), "execute", n, Work::Execute);
+    }
+    let keys = if test_mode {
+        REPLAY_KEYS_TEST
+    } else {
+        REPLAY_KEYS
+    };
+    replay(&mut c, root.path(), keys);
+
+    report::record(
+        "run",
+        "sqlite",
+        "busy_retries",
+        SQLITE_BUSY_RETRIES.load(Ordering::Relaxed) as f64,
+    );
+    c.final_summary();
+    report::finish(test_mode);
+}
+
+/// Criterion's own rule: `cargo bench` passes `--bench`; without it (`cargo test --benches`),
+/// or with `--test`, every benchmark runs once.
+fn is_test_mode() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let bench = args.iter().any(|a| a == "--bench");
+    let test = args.iter().any(|a| a == "--test");
+    !bench || test
+}
+
+fn group<'a>(c: &'a mut Criterion, name: &str, ops_per_iter: u64) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    // Durable operations take hundreds of µs to ms: equal iteration counts per sample keep
+    // every cell within its few seconds.
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Elements(ops_per_iter));
+    g
+}
+
+/// A fresh directory for one engine in one cell.
+fn fresh_dir(root: &Path) -> TempDir {
+    tempfile::tempdir_in(root).expect("tempdir")
+}
+
+/// Times `op` one call at a time: criterion gets the sum, the side report the distribution.
+fn timed_loop(iters: u64, latencies: &mut Vec<u32>, mut op: impl FnMut()) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        op();
+        let took = start.elapsed();
+        latencies.push(nanos(took));
+        total += took;
+    }
+    total
+}
+
+fn reserve_1(c: &mut Criterion, root: &Path) {
+    let cell = "reserve_1";
+    let mut g = group(c, cell, 1);
+
+    let mut floor: Option<(FsyncFloor, TempDir)> = None;
+    let mut latencies = Vec::new();
+    g.bench_function("fsync_floor", |b| {
+        let (floor, _) = floor.get_or_insert_with(|| {
+            let dir = fresh_dir(root);
+            (FsyncFloor::open(dir.path()), dir)
+        });
+        b.iter_custom(|iters| timed_loop(iters, &mut latencies, || floor.op()));
+    });
+    drop(floor);
+    report::record_latencies(cell, "fsync_floor", &mut latencies);
+
+    for kind in Kind::ALL {
+        let mut state: Option<(Box<dyn engines::Session>, Arc<dyn Engine>, TempDir)> = None;
+        let mut latencies = Vec::new();
+        g.bench_function(kind.id(), |b| {
+            let (session, _, _) = state.get_or_insert_with(|| {
+                let dir = fresh_dir(root);
+                let engine = kind.open(dir.path());
+                (engine.session(), engine, dir)
+            });
+            b.iter_custom(|iters| {
+                timed_loop(iters, &mut latencies, || session.reserve(fresh_id()))
+            });
+        });
+        drop(state);
+        report::record_latencies(cell, kind.id(), &mut latencies);
+    }
+    g.finish();
+}
+
+/// `threads` callers each running `work` on fresh keys.
+fn concurrent(c: &mut Criterion, root: &Path, name: &str, threads: usize, work: Work) {
+    let cell = format!("{name}_{threads}");
+    let mut g = group(c, &cell, threads as u64);
+    for kind in Kind::ALL {
+        let mut state: Option<(Pool, TempDir)> = None;
+        let mut latencies = Vec::new();
+        g.bench_function(kind.id(), |b| {
+            let (pool, _) = state.get_or_insert_with(|| {
+                let dir = fresh_dir(root);
+                let engine = kind.open(dir.path());
+                (Pool::new(&engine, threads, work), dir)
+            });
+            b.iter_custom(|iters| pool.run(iters, &mut latencies));
+        });
+        drop(state);
+        report::record_latencies(&cell, kind.id(), &mut latencies);
+    }
+    g.finish();
+}
+
+/// One engine's store with `keys` completed records, shared by the replay cells.
+struct Preloaded {
+    engine: Arc<dyn Engine>,
+    _dir: TempDir,
+}
+
+fn preloaded<'a>(
+    slot: &'a mut Option<Preloaded>,
+    kind: Kind,
+    root: &Path,
+    keys: u64,
+) -> &'a Arc<dyn Engine> {
+    &slot
+        .get_or_insert_with(|| {
+            let dir = fresh_dir(root);
+            let engine = kind.open(dir.path());
+            let start = Instant::now();
+            engine.preload(keys);
+            let took = start.elapsed();
+            println!(
+                "preloaded {keys} completed records into {} in {:.2} s",
+                kind.id(),
+                took.as_secs_f64()
+            );
+            report::record("preload", kind.id(), "seconds", took.as_secs_f64());
+            Preloaded { engine, _dir: dir }
+        })
+        .engine
+}
+
+fn replay(c: &mut Criterion, root: &Path, keys: u64) {
+    let mut stores: [Option<Preloaded>; 3] = [None, None, None];
+
+    let mut g = group(c, "replay_1", 1);
+    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+        let mut session = None;
+        let mut rng = Rng::new(7);
+        g.bench_function(kind.id(), |b| {
+            let engine = preloaded(store, kind, root, keys);
+            let session = session.get_or_insert_with(|| engine.session());
+            b.iter(|| session.replay(rng.below(keys)));
+        });
+    }
+    g.finish();
+
+    let mut g = group(c, "replay_2", 2);
+    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+        let mut pool = None;
+        let mut none = Vec::new();
+        g.bench_function(kind.id(), |b| {
+            let engine = preloaded(store, kind, root, keys);
+            let pool = pool.get_or_insert_with(|| Pool::new(engine, 2, Work::Replay { keys }));
+            b.iter_custom(|iters| pool.run(iters, &mut none));
+        });
+    }
+    g.finish();
+
+    let cell = "replay_1_load64";
+    let mut g = group(c, cell, 1);
+    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+        let mut session = None;
+        let mut load: Option<Load> = None;
+        let mut rng = Rng::new(11);
+        g.bench_function(kind.id(), |b| {
+            let engine = preloaded(store, kind, root, keys);
+            let session = session.get_or_insert_with(|| engine.session());
+            load.get_or_insert_with(|| Load::start(engine, LOAD_THREADS));
+            b.iter(|| session.replay(rng.below(keys)));
+        });
+        if let Some(load) = load.take() {
+            let s = load.stop();
+            let wall = s.wall.as_secs_f64();
+            let cores = s.load_cpu.as_secs_f64() / wall;
+            let nproc = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            report::record(cell, kind.id(), "load_wall_s", wall);
+            report::record(cell, kind.id(), "load_cpu_cores", cores);
+            report::record(cell, kind.id(), "load_machine_share", cores / nproc);
+            report::record(
+                cell,
+                kind.id(),
+                "replay_thread_cpu_cores",
+                s.measuring_thread_cpu.as_secs_f64() / wall,
+            );
+            report::record(
+                cell,
+                kind.id(),
+                "load_lifecycles_per_s",
+                s.lifecycles as f64 / wall,
+            );
+        }
+    }
+    g.finish();
+}

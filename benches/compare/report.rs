@@ -1,0 +1,515 @@
+//! Side measurements (p99s, the load's CPU) and the summary table of a run.
+//!
+//! Criterion writes its estimates to `target/criterion/<cell>/<engine>/new/estimates.json`;
+//! what criterion does not measure is kept here and written to
+//! `target/bench-results/side.json`. At the end of a run both are read back and the table is
+//! printed and written to `target/bench-results/summary.{md,json}`. Running the bench with a
+//! filter that matches nothing (`cargo bench --bench compare -- report-only`) re-prints the
+//! table of the last run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use crate::engines::Kind;
+
+/// `"<cell>/<engine>"` → name → value.
+type Side = BTreeMap<String, BTreeMap<String, f64>>;
+
+static SIDE: Mutex<Side> = Mutex::new(BTreeMap::new());
+
+/// Records one side measurement of `engine` in `cell`.
+pub fn record(cell: &str, engine: &str, name: &str, value: f64) {
+    SIDE.lock()
+        .expect("side data")
+        .entry(format!("{cell}/{engine}"))
+        .or_default()
+        .insert(name.to_string(), value);
+}
+
+/// Records the distribution of per-operation latencies (ns) of `engine` in `cell`.
+pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u32]) {
+    if latencies.is_empty() {
+        return;
+    }
+    latencies.sort_unstable();
+    let pick = |q: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        f64::from(latencies[i])
+    };
+    let mean = latencies.iter().map(|&l| f64::from(l)).sum::<f64>() / latencies.len() as f64;
+    record(cell, engine, "ops_timed", latencies.len() as f64);
+    record(cell, engine, "p50_ns", pick(0.50));
+    record(cell, engine, "p99_ns", pick(0.99));
+    record(cell, engine, "max_ns", pick(1.0));
+    record(cell, engine, "mean_ns", mean);
+}
+
+fn target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    // The bench runs as <target>/<profile>/deps/compare-<hash>.
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+fn criterion_dir() -> PathBuf {
+    std::env::var_os("CRITERION_HOME").map_or_else(|| target_dir().join("criterion"), PathBuf::from)
+}
+
+/// Criterion's estimate for one benchmark: ns per iteration.
+#[derive(Clone, Copy)]
+struct Est {
+    median: f64,
+    median_lo: f64,
+    median_hi: f64,
+    mean: f64,
+}
+
+fn estimate(cell: &str, bench: &str) -> Option<Est> {
+    let path = criterion_dir()
+        .join(cell)
+        .join(bench)
+        .join("new")
+        .join("estimates.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let get = |stat: &str, field: &str| -> Option<f64> {
+        match field {
+            "point" => v[stat]["point_estimate"].as_f64(),
+            bound => v[stat]["confidence_interval"][bound].as_f64(),
+        }
+    };
+    Some(Est {
+        median: get("median", "point")?,
+        median_lo: get("median", "lower_bound")?,
+        median_hi: get("median", "upper_bound")?,
+        mean: get("mean", "point")?,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Better {
+    Higher,
+    Lower,
+}
+
+struct Row {
+    cell: String,
+    metric: &'static str,
+    better: Better,
+    /// idemdb, redb naive, SQLite.
+    vals: [Option<f64>; 3],
+    digits: usize,
+}
+
+impl Row {
+    fn ratio(&self, baseline: usize) -> Option<f64> {
+        Some(self.vals[0]? / self.vals[baseline]?)
+    }
+}
+
+/// The whole run as rows; missing estimates are left empty.
+fn rows(side: &Side) -> Vec<Row> {
+    let sidev = |cell: &str, engine: &str, name: &str| -> Option<f64> {
+        side.get(&format!("{cell}/{engine}"))?.get(name).copied()
+    };
+    let per_engine =
+        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 3] { Kind::ALL.map(|k| f(k.id())) };
+    let mut rows = Vec::new();
+    let cell = "reserve_1";
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "median latency, µs ↓",
+        better: Better::Lower,
+        vals: per_engine(&|e| Some(estimate(cell, e)?.median / 1e3)),
+        digits: 0,
+    });
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "p99 latency, µs ↓",
+        better: Better::Lower,
+        vals: per_engine(&|e| Some(sidev(cell, e, "p99_ns")? / 1e3)),
+        digits: 0,
+    });
+    for n in [1u32, 4, 16, 64] {
+        let cell = format!("lifecycle_{n}");
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "lifecycles/s ↑",
+            better: Better::Higher,
+            vals: per_engine(&|e| Some(f64::from(n) * 1e9 / estimate(&cell, e)?.median)),
+            digits: 0,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "p99 lifecycle latency, ms ↓",
+            better: Better::Lower,
+            vals: per_engine(&|e| Some(sidev(&cell, e, "p99_ns")? / 1e6)),
+            digits: 2,
+        });
+    }
+    for n in [1u32, 64] {
+        let cell = format!("execute_{n}");
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "executes/s ↑",
+            better: Better::Higher,
+            vals: per_engine(&|e| Some(f64::from(n) * 1e9 / estimate(&cell, e)?.median)),
+            digits: 0,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "p99 execute latency, ms ↓",
+            better: Better::Lower,
+            vals: per_engine(&|e| Some(sidev(&cell, e, "p99_ns")? / 1e6)),
+            digits: 2,
+        });
+    }
+    for t in [1u32, 2] {
+        let cell = format!("replay_{t}");
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "median ns per replay (per thread) ↓",
+            better: Better::Lower,
+            vals: per_engine(&|e| Some(estimate(&cell, e)?.median)),
+            digits: 0,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "replays/s, all threads ↑",
+            better: Better::Higher,
+            vals: per_engine(&|e| Some(f64::from(t) * 1e9 / estimate(&cell, e)?.median)),
+            digits: 0,
+        });
+    }
+    let cell = "replay_1_load64";
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "median ns per replay ↓",
+        better: Better::Lower,
+        vals: per_engine(&|e| Some(estimate(cell, e)?.median)),
+        digits: 0,
+    });
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "replays/s ↑",
+        better: Better::Higher,
+        vals: per_engine(&|e| Some(1e9 / estimate(cell, e)?.median)),
+        digits: 0,
+    });
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "replay throughput lost vs replay_1, % ↓",
+        better: Better::Lower,
+        vals: per_engine(&|e| {
+            let idle = estimate("replay_1", e)?.median;
+            let loaded = estimate(cell, e)?.median;
+            Some(100.0 * (1.0 - idle / loaded))
+        }),
+        digits: 1,
+    });
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "CPU the load takes, % of the machine",
+        better: Better::Lower,
+        vals: per_engine(&|e| Some(100.0 * sidev(cell, e, "load_machine_share")?)),
+        digits: 1,
+    });
+    rows.push(Row {
+        cell: cell.into(),
+        metric: "the load's lifecycles/s ↑",
+        better: Better::Higher,
+        vals: per_engine(&|e| sidev(cell, e, "load_lifecycles_per_s")),
+        digits: 0,
+    });
+    rows
+}
+
+fn fmt_val(v: Option<f64>, digits: usize) -> String {
+    match v {
+        None => "–".into(),
+        Some(v) if v.abs() >= 10_000.0 && digits == 0 => group_thousands(v.round() as i64),
+        Some(v) => format!("{v:.digits$}"),
+    }
+}
+
+fn group_thousands(v: i64) -> String {
+    let s = v.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < 0 { format!("-{out}") } else { out }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    match r {
+        None => "–".into(),
+        Some(r) if r >= 100.0 => format!("{r:.0}×"),
+        Some(r) if r >= 10.0 => format!("{r:.1}×"),
+        Some(r) => format!("{r:.2}×"),
+    }
+}
+
+struct Target {
+    what: &'static str,
+    measured: Option<f64>,
+    shown: String,
+    met: Option<bool>,
+}
+
+fn find<'a>(rows: &'a [Row], cell: &str, metric_prefix: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.cell == cell && r.metric.starts_with(metric_prefix))
+}
+
+fn targets(rows: &[Row]) -> Vec<Target> {
+    let ratio_target = |what, cell, metric, baseline, bound: f64, at_least: bool| {
+        let r = find(rows, cell, metric).and_then(|r| r.ratio(baseline));
+        Target {
+            what,
+            measured: r,
+            shown: fmt_ratio(r),
+            met: r.map(|r| if at_least { r >= bound } else { r <= bound }),
+        }
+    };
+    let mut out = vec![
+        ratio_target(
+            "lifecycle_64 throughput ≥ 20× naive redb",
+            "lifecycle_64",
+            "lifecycles/s",
+            1,
+            20.0,
+            true,
+        ),
+        ratio_target(
+            "lifecycle_64 throughput ≥ 10× SQLite",
+            "lifecycle_64",
+            "lifecycles/s",
+            2,
+            10.0,
+            true,
+        ),
+        ratio_target(
+            "execute_64 throughput ≥ 10× naive redb",
+            "execute_64",
+            "executes/s",
+            1,
+            10.0,
+            true,
+        ),
+        ratio_target(
+            "reserve_1 median ≤ 1.1× naive redb",
+            "reserve_1",
+            "median",
+            1,
+            1.1,
+            false,
+        ),
+    ];
+    let replay = find(rows, "replay_1", "median").and_then(|r| r.vals[0]);
+    out.push(Target {
+        what: "replay_1 median ≤ 1.5 µs",
+        measured: replay,
+        shown: replay.map_or("–".into(), |v| format!("{:.2} µs", v / 1e3)),
+        met: replay.map(|v| v <= 1500.0),
+    });
+    let lost = find(rows, "replay_1_load64", "replay throughput lost").and_then(|r| r.vals[0]);
+    let share = find(rows, "replay_1_load64", "CPU the load").and_then(|r| r.vals[0]);
+    out.push(Target {
+        what: "replay under a 64-caller write load loses no more than the CPU share the load takes",
+        measured: lost,
+        shown: match (lost, share) {
+            (Some(l), Some(s)) => format!("lost {l:.1}% vs load {s:.1}% of the machine"),
+            _ => "–".into(),
+        },
+        met: lost.zip(share).map(|(l, s)| l <= s),
+    });
+    out
+}
+
+fn machine() -> Vec<(String, String)> {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let fs = std::process::Command::new("df")
+        .args(["-T", &std::env::temp_dir().to_string_lossy()])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let line = text.lines().nth(1)?.to_string();
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            Some(format!(
+                "{} on {} (mounted at {})",
+                cols.get(1)?,
+                cols.first()?,
+                cols.last()?
+            ))
+        })
+        .unwrap_or_else(|| "?".into());
+    vec![
+        ("nproc".into(), nproc.to_string()),
+        ("CPU".into(), cpu),
+        (
+            format!("filesystem of {}", std::env::temp_dir().display()),
+            fs,
+        ),
+    ]
+}
+
+/// Saves the side data of this run (merged over the last run's), then prints and writes the
+/// summary. In criterion's test mode nothing is measured, so nothing is written.
+pub fn finish(test_mode: bool) {
+    if test_mode {
+        println!("(test mode: every benchmark ran once; no summary)");
+        return;
+    }
+    let dir = target_dir().join("bench-results");
+    std::fs::create_dir_all(&dir).expect("create target/bench-results");
+    let side_path = dir.join("side.json");
+    let mut side: Side = std::fs::read_to_string(&side_path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    for (k, v) in SIDE.lock().expect("side data").iter() {
+        side.insert(k.clone(), v.clone());
+    }
+    std::fs::write(
+        &side_path,
+        serde_json::to_string_pretty(&side).expect("json"),
+    )
+    .expect("write side.json");
+
+    let rows = rows(&side);
+    let targets = targets(&rows);
+    let mut md = String::new();
+    let _ = writeln!(md, "Machine:");
+    for (k, v) in machine() {
+        let _ = writeln!(md, "- {k}: {v}");
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "| cell | metric (↑ higher is better, ↓ lower) | idemdb | redb naive | SQLite | idemdb ÷ naive | idemdb ÷ SQLite |"
+    );
+    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|");
+    for r in &rows {
+        let [a, b, c] = r.vals.map(|v| fmt_val(v, r.digits));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {a} | {b} | {c} | {} | {} |",
+            r.cell,
+            r.metric,
+            fmt_ratio(r.ratio(1)),
+            fmt_ratio(r.ratio(2)),
+        );
+    }
+    let floor_median = estimate("reserve_1", "fsync_floor").map(|e| e.median);
+    let floor_p99 = side
+        .get("reserve_1/fsync_floor")
+        .and_then(|m| m.get("p99_ns"))
+        .copied();
+    let idem_reserve = estimate("reserve_1", "idemdb").map(|e| e.median);
+    let _ = writeln!(
+        md,
+        "\nfsync floor (4 KiB pwrite into a preallocated file + fdatasync), in the reserve_1 cell: \
+         median {} µs, p99 {} µs; idemdb's reserve median is {} the floor.",
+        fmt_val(floor_median.map(|v| v / 1e3), 0),
+        fmt_val(floor_p99.map(|v| v / 1e3), 0),
+        fmt_ratio(idem_reserve.zip(floor_median).map(|(a, b)| a / b)),
+    );
+    let busy = side
+        .get("run/sqlite")
+        .and_then(|m| m.get("busy_retries"))
+        .copied()
+        .unwrap_or(0.0);
+    let _ = writeln!(
+        md,
+        "SQLite calls retried after SQLITE_BUSY outlived busy_timeout: {busy:.0}."
+    );
+    let _ = writeln!(md, "\n| target | measured | met? |\n|---|--:|---|");
+    for t in &targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "not measured",
+        };
+        let _ = writeln!(md, "| {} | {} | {met} |", t.what, t.shown);
+    }
+    println!("\n{md}");
+    std::fs::write(dir.join("summary.md"), &md).expect("write summary.md");
+
+    let json_rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "cell": r.cell,
+                "metric": r.metric,
+                "higher_is_better": r.better == Better::Higher,
+                "idemdb": r.vals[0],
+                "redb_naive": r.vals[1],
+                "sqlite": r.vals[2],
+                "idemdb_over_naive": r.ratio(1),
+                "idemdb_over_sqlite": r.ratio(2),
+            })
+        })
+        .collect();
+    let mut estimates = serde_json::Map::new();
+    for cell in [
+        "reserve_1",
+        "lifecycle_1",
+        "lifecycle_4",
+        "lifecycle_16",
+        "lifecycle_64",
+        "execute_1",
+        "execute_64",
+        "replay_1",
+        "replay_2",
+        "replay_1_load64",
+    ] {
+        for bench in ["idemdb", "redb_naive", "sqlite", "fsync_floor"] {
+            if let Some(e) = estimate(cell, bench) {
+                estimates.insert(
+                    format!("{cell}/{bench}"),
+                    json!({
+                        "median_ns_per_iter": e.median,
+                        "median_ci95": [e.median_lo, e.median_hi],
+                        "mean_ns_per_iter": e.mean,
+                    }),
+                );
+            }
+        }
+    }
+    let json = json!({
+        "machine": machine().into_iter().collect::<BTreeMap<_, _>>(),
+        "rows": json_rows,
+        "targets": targets.iter().map(|t| json!({
+            "target": t.what, "measured": t.measured, "shown": t.shown, "met": t.met,
+        })).collect::<Vec<_>>(),
+        "criterion_estimates": estimates,
+        "side": side,
+    });
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&json).expect("json"),
+    )
+    .expect("write summary.json");
+    println!("written: {}", dir.join("summary.md").display());
+}

@@ -1,0 +1,268 @@
+//! Each public operation in two halves shared by the sync and async APIs: `prepare_*` checks
+//! input and either answers from a snapshot or builds the write op; the `*_answer` functions
+//! turn the writer's output into the public result.
+
+use std::panic::resume_unwind;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redb::ReadableDatabase;
+
+use crate::clock::duration_ms;
+use crate::db::IdemDb;
+use crate::decide::{Decision, decide};
+use crate::error::{Error, ExecuteError, InputError};
+use crate::fingerprint::{Fingerprint, Payload};
+use crate::meta::RECORDS;
+use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::record::RecordState;
+use crate::scope::{Key, RecordKey, Scope};
+use crate::token::Reservation;
+use crate::tx::Tx;
+use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
+use crate::writer::{load, replay};
+
+/// An answer that needed no write, or the op the writer must apply.
+pub(crate) enum Prepared<T> {
+    Answer(T),
+    Submit(WriteOp),
+}
+
+/// Where a caller's closure error waits for the caller while the writer reports only that it
+/// failed.
+pub(crate) type ErrorSlot<E> = Arc<Mutex<Option<E>>>;
+
+impl IdemDb {
+    pub(crate) fn prepare_reserve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: Payload<'_>,
+        lease: Duration,
+    ) -> Result<Prepared<ReserveOutcome>, Error> {
+        let record_key = RecordKey::encode(scope, key, self.limits())?;
+        let lease_ms = lease_ms(lease)?;
+        let fingerprint = self.fingerprinter.resolve(payload);
+        self.prepare_reserve_encoded(record_key, fingerprint, lease_ms)
+    }
+
+    pub(crate) fn prepare_reserve_encoded(
+        &self,
+        key: RecordKey,
+        fingerprint: Fingerprint,
+        lease_ms: u64,
+    ) -> Result<Prepared<ReserveOutcome>, Error> {
+        if let Some(answer) = self.answer_from_snapshot(&key, fingerprint)? {
+            return Ok(Prepared::Answer(answer));
+        }
+        Ok(Prepared::Submit(WriteOp::Reserve {
+            key,
+            fingerprint,
+            lease_ms,
+        }))
+    }
+
+    /// The answer a reservation gets without writing, if the snapshot decides it and what it
+    /// shows is durable. `None`: the writer must decide, inside its write transaction.
+    fn answer_from_snapshot(
+        &self,
+        key: &RecordKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ReserveOutcome>, Error> {
+        let txn = self.db.begin_read()?;
+        let existing = load(&txn.open_table(RECORDS)?, key)?;
+        let decision = decide(existing.as_ref(), fingerprint, self.clock.now_ms());
+        if matches!(decision, Decision::Acquire | Decision::TakeOver)
+            || self.writer.durability.pending_for(key).is_some()
+        {
+            return Ok(None);
+        }
+        Ok(Some(replay(decision, existing)))
+    }
+
+    pub(crate) fn prepare_finish(
+        &self,
+        res: &Reservation,
+        state: RecordState,
+        response: Vec<u8>,
+    ) -> Result<WriteOp, Error> {
+        self.limits().check_response(&response)?;
+        Ok(WriteOp::Finish {
+            key: res.record_key.clone(),
+            token: res.token,
+            state,
+            response,
+            business: None,
+        })
+    }
+
+    pub(crate) fn prepare_finish_with<F, E>(
+        &self,
+        res: &Reservation,
+        state: RecordState,
+        response: Vec<u8>,
+        business: F,
+    ) -> Result<(WriteOp, ErrorSlot<E>), Error>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let mut op = self.prepare_finish(res, state, response)?;
+        let (body, error) = capture(business);
+        if let WriteOp::Finish { business, .. } = &mut op {
+            *business = Some(Box::new(body));
+        }
+        Ok((op, error))
+    }
+
+    pub(crate) fn prepare_release(res: &Reservation) -> WriteOp {
+        WriteOp::Release {
+            key: res.record_key.clone(),
+            token: res.token,
+        }
+    }
+
+    pub(crate) fn prepare_extend(res: &Reservation, lease: Duration) -> Result<WriteOp, Error> {
+        Ok(WriteOp::Extend {
+            key: res.record_key.clone(),
+            token: res.token,
+            lease_ms: lease_ms(lease)?,
+        })
+    }
+
+    pub(crate) fn prepare_execute<F, E>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: Payload<'_>,
+        body: F,
+    ) -> Result<(Prepared<ExecuteOutcome>, ErrorSlot<E>), Error>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let record_key = RecordKey::encode(scope, key, self.limits())?;
+        let fingerprint = self.fingerprinter.resolve(payload);
+        let (body, error) = capture(body);
+        let prepared = match self.answer_from_snapshot(&record_key, fingerprint)? {
+            Some(answer) => Prepared::Answer(execute_replay(answer)?),
+            None => Prepared::Submit(WriteOp::Execute {
+                key: record_key,
+                fingerprint,
+                body: Box::new(body),
+            }),
+        };
+        Ok((prepared, error))
+    }
+}
+
+pub(crate) fn reserve_answer(output: OpOutput) -> Result<ReserveOutcome, Error> {
+    match output {
+        OpOutput::Reserved(outcome) => Ok(outcome),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub(crate) fn done_answer(output: OpOutput) -> Result<(), Error> {
+    match output {
+        OpOutput::Done => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub(crate) fn extend_answer(output: OpOutput, res: &mut Reservation) -> Result<(), Error> {
+    match output {
+        OpOutput::Extended { lease_expires_at } => {
+            res.lease_expires_at = lease_expires_at;
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+pub(crate) fn finish_with_answer<E>(
+    output: Result<OpOutput, Error>,
+    error: &ErrorSlot<E>,
+) -> Result<(), ExecuteError<E>> {
+    match output? {
+        OpOutput::Done => Ok(()),
+        other => Err(closure_answer(other, error)),
+    }
+}
+
+pub(crate) fn execute_answer<E>(
+    output: Result<OpOutput, Error>,
+    error: &ErrorSlot<E>,
+) -> Result<ExecuteOutcome, ExecuteError<E>> {
+    match output? {
+        OpOutput::Executed(outcome) => Ok(outcome),
+        other => Err(closure_answer(other, error)),
+    }
+}
+
+fn execute_replay(answer: ReserveOutcome) -> Result<ExecuteOutcome, Error> {
+    Ok(match answer {
+        ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
+        ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
+        ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
+        ReserveOutcome::InProgress { retry_after } => ExecuteOutcome::InProgress { retry_after },
+        ReserveOutcome::Acquired(_) => {
+            return Err(Error::Corrupted(
+                "internal: a snapshot answered with an acquisition".into(),
+            ));
+        }
+    })
+}
+
+/// A lease in whole milliseconds, rounded up so that a sub-millisecond lease is not zero.
+pub(crate) fn lease_ms(lease: Duration) -> Result<u64, Error> {
+    if lease.is_zero() {
+        return Err(Error::InvalidInput(InputError::ZeroLease));
+    }
+    let ms = duration_ms(lease);
+    Ok(if lease > Duration::from_millis(ms) {
+        ms.saturating_add(1)
+    } else {
+        ms
+    })
+}
+
+/// Wraps a caller's closure for the writer: its error is kept aside for the caller.
+fn capture<T, E, F>(
+    f: F,
+) -> (
+    impl FnOnce(&mut Tx<'_>) -> Result<T, ClosureFailed> + Send + 'static,
+    ErrorSlot<E>,
+)
+where
+    F: FnOnce(&mut Tx<'_>) -> Result<T, E> + Send + 'static,
+    E: Send + 'static,
+{
+    let slot = Arc::new(Mutex::new(None));
+    let theirs = Arc::clone(&slot);
+    let body = move |tx: &mut Tx<'_>| {
+        f(tx).map_err(|e| {
+            *theirs.lock() = Some(e);
+            ClosureFailed
+        })
+    };
+    (body, slot)
+}
+
+/// Maps the writer's answer for a closure op that did not simply succeed. A panic in the
+/// closure resumes here, on the caller's thread.
+fn closure_answer<E>(output: OpOutput, error: &ErrorSlot<E>) -> ExecuteError<E> {
+    match output {
+        OpOutput::ClosureFailed => match error.lock().take() {
+            Some(e) => ExecuteError::Closure(e),
+            None => ExecuteError::Db(Error::Corrupted("closure error went missing".into())),
+        },
+        OpOutput::ClosurePanicked(payload) => resume_unwind(payload),
+        other => ExecuteError::Db(unexpected(other)),
+    }
+}
+
+fn unexpected(output: OpOutput) -> Error {
+    Error::Corrupted(format!("internal: unexpected writer answer {output:?}"))
+}

@@ -1,0 +1,9 @@
+//! Test support (feature `fault-injection`): a fault-injecting, power-loss-simulating redb
+//! [`StorageBackend`](redb::StorageBackend), and a crash workload with a model of what was
+//! acknowledged, shared by the crash tests and the fuzz targets.
+
+mod backend;
+mod workload;
+
+pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
+pub use workload::{CrashCheck, KeyLog, Script, check_recovered, run_script};

@@ -1,0 +1,449 @@
+//! A scripted crash workload and the model it is checked against.
+//!
+//! Each key lives through one [`Script`]. Every call either returns (acknowledged: its effect
+//! must survive any later crash) or fails (the crash struck: the call is *in flight* and may
+//! have happened entirely or not at all). After reopen, every key's record and business row
+//! must equal the acknowledged state or, for the in-flight call, the state it would have left.
+
+use std::time::Duration;
+
+use redb::{ReadableTable, TableDefinition};
+
+use crate::clock::ManualClock;
+use crate::db::IdemDb;
+use crate::error::Error;
+use crate::meta::RECORDS;
+use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::record::{Record, RecordState};
+use crate::scope::{Key, Scope};
+use crate::token::Reservation;
+
+/// The business table the scripts write in the same commit as their records.
+pub const ROWS: TableDefinition<&str, &[u8]> = TableDefinition::new("crash_rows");
+const LONG_LEASE: Duration = Duration::from_secs(86_400);
+const SHORT_LEASE: Duration = Duration::from_secs(5);
+
+/// One key's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// reserve, complete
+    Complete,
+    /// reserve, fail
+    Fail,
+    /// reserve, release, reserve, complete
+    ReleaseThenComplete,
+    /// reserve, extend, complete_with (business row)
+    ExtendThenCompleteWith,
+    /// reserve, fail_with (business row)
+    FailWith,
+    /// execute (business row), then a duplicate execute that must replay
+    Execute,
+    /// execute whose closure fails (nothing may commit), then execute
+    ExecuteErrThenExecute,
+    /// reserve with a short lease, the clock passes it, a takeover, the stale owner is
+    /// fenced, the new owner completes
+    Takeover,
+}
+
+impl Script {
+    /// Every script, for mapping fuzz bytes or indices.
+    pub const ALL: [Script; 8] = [
+        Script::Complete,
+        Script::Fail,
+        Script::ReleaseThenComplete,
+        Script::ExtendThenCompleteWith,
+        Script::FailWith,
+        Script::Execute,
+        Script::ExecuteErrThenExecute,
+        Script::Takeover,
+    ];
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Expect {
+    Absent,
+    /// A token, or `None` for a reservation whose token was never returned.
+    InProgress(Option<u64>),
+    Completed {
+        response: Vec<u8>,
+        row: bool,
+    },
+    Failed {
+        response: Vec<u8>,
+        row: bool,
+    },
+}
+
+impl std::fmt::Debug for Expect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let digest =
+            |b: &[u8]| format!("{} bytes #{:016x}", b.len(), xxhash_rust::xxh3::xxh3_64(b));
+        match self {
+            Expect::Absent => write!(f, "Absent"),
+            Expect::InProgress(t) => write!(f, "InProgress(token {t:?})"),
+            Expect::Completed { response, row } => {
+                write!(f, "Completed({}, row {row})", digest(response))
+            }
+            Expect::Failed { response, row } => {
+                write!(f, "Failed({}, row {row})", digest(response))
+            }
+        }
+    }
+}
+
+/// What one key's caller was told, and what was in flight when the crash struck.
+#[derive(Debug, Clone)]
+pub struct KeyLog {
+    key: String,
+    acked: Expect,
+    in_flight: Option<Expect>,
+    max_token: u64,
+    acked_calls: u64,
+}
+
+impl KeyLog {
+    /// A log for a key that has no record yet.
+    pub fn new(key: impl Into<String>) -> Self {
+        KeyLog {
+            key: key.into(),
+            acked: Expect::Absent,
+            in_flight: None,
+            max_token: 0,
+            acked_calls: 0,
+        }
+    }
+
+    /// Calls acknowledged for this key.
+    pub fn acked_calls(&self) -> u64 {
+        self.acked_calls
+    }
+
+    /// Whether a call was in flight when the crash struck.
+    pub fn had_call_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Runs one call: `predicted` is the state it leaves if it happens. `Ok(None)` means the
+    /// call failed (the crash): stop the script.
+    fn call<T>(&mut self, predicted: Expect, f: impl FnOnce() -> Result<T, String>) -> Option<T> {
+        self.in_flight = Some(predicted.clone());
+        match f() {
+            Ok(v) => {
+                self.acked = predicted;
+                self.in_flight = None;
+                self.acked_calls += 1;
+                Some(v)
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn acquired(&mut self, r: &Reservation) {
+        self.acked = Expect::InProgress(Some(r.token().get()));
+        self.max_token = self.max_token.max(r.token().get());
+    }
+}
+
+fn scope() -> Scope {
+    Scope::new("crash", "workload")
+}
+
+/// A response long enough to span several sectors, different for every key and step.
+fn response(key: &str, step: &str) -> Vec<u8> {
+    let seed = xxhash_rust::xxh3::xxh3_64(format!("{key}/{step}").as_bytes());
+    let len = 200 + (seed % 1800) as usize;
+    (0..len)
+        .map(|i| (seed.rotate_left(i as u32 % 64) as u8) ^ (i as u8))
+        .collect()
+}
+
+/// Runs `script` for `log`'s key. Returns false when a call failed (the crash struck). A
+/// wrong answer before the crash is a bug and panics.
+pub fn run_script(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> bool {
+    run(db, clock, script, log).is_some()
+}
+
+fn reserve(db: &IdemDb, log: &mut KeyLog, lease: Duration, takeover: bool) -> Option<Reservation> {
+    let key = Key::new(&log.key);
+    let r = log.call(Expect::InProgress(None), || {
+        match db.reserve(&scope(), &key, log_payload(), lease) {
+            Ok(ReserveOutcome::Acquired(r)) => {
+                assert_eq!(r.is_takeover(), takeover, "takeover flag");
+                Ok(r)
+            }
+            Ok(other) => panic!("reserve: expected Acquired, got {other:?}"),
+            Err(e) => Err(e.to_string()),
+        }
+    })?;
+    log.acquired(&r);
+    Some(r)
+}
+
+fn log_payload() -> &'static [u8] {
+    b"crash-workload-payload"
+}
+
+fn owner_call(r: Result<(), Error>) -> Result<(), String> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e @ (Error::Fenced { .. } | Error::UnknownRecord | Error::NotInProgress { .. })) => {
+            panic!("owner call refused before the crash: {e}")
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn run(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> Option<()> {
+    let key = log.key.clone();
+    let done = |step: &str, row: bool| Expect::Completed {
+        response: response(&key, step),
+        row,
+    };
+    match script {
+        Script::Complete => {
+            let r = reserve(db, log, LONG_LEASE, false)?;
+            log.call(done("c", false), || {
+                owner_call(db.complete(&r, response(&key, "c")))
+            })
+        }
+        Script::Fail => {
+            let r = reserve(db, log, LONG_LEASE, false)?;
+            let failed = Expect::Failed {
+                response: response(&key, "f"),
+                row: false,
+            };
+            log.call(failed, || owner_call(db.fail(&r, response(&key, "f"))))
+        }
+        Script::ReleaseThenComplete => {
+            let r = reserve(db, log, LONG_LEASE, false)?;
+            log.call(Expect::Absent, || owner_call(db.release(&r)))?;
+            let r = reserve(db, log, LONG_LEASE, false)?;
+            log.call(done("c", false), || {
+                owner_call(db.complete(&r, response(&key, "c")))
+            })
+        }
+        Script::ExtendThenCompleteWith => {
+            let mut r = reserve(db, log, LONG_LEASE, false)?;
+            let same = log.acked.clone();
+            log.call(same, || owner_call(db.extend(&mut r, LONG_LEASE)))?;
+            let (row_key, bytes) = (key.clone(), response(&key, "cw"));
+            log.call(done("cw", true), || {
+                let body = move |tx: &mut crate::Tx<'_>| -> Result<(), Error> {
+                    tx.open_table(ROWS)?
+                        .insert(row_key.as_str(), bytes.as_slice())?;
+                    Ok(())
+                };
+                owner_call(
+                    db.complete_with(&r, response(&key, "cw"), body)
+                        .map_err(Error::from),
+                )
+            })
+        }
+        Script::FailWith => {
+            let r = reserve(db, log, LONG_LEASE, false)?;
+            let (row_key, bytes) = (key.clone(), response(&key, "fw"));
+            let failed = Expect::Failed {
+                response: response(&key, "fw"),
+                row: true,
+            };
+            log.call(failed, || {
+                let body = move |tx: &mut crate::Tx<'_>| -> Result<(), Error> {
+                    tx.open_table(ROWS)?
+                        .insert(row_key.as_str(), bytes.as_slice())?;
+                    Ok(())
+                };
+                owner_call(
+                    db.fail_with(&r, response(&key, "fw"), body)
+                        .map_err(Error::from),
+                )
+            })
+        }
+        Script::Execute => {
+            execute(db, log, &key, "x")?;
+            let same = log.acked.clone();
+            log.call(same, || {
+                match db.execute(&scope(), &Key::new(&key), log_payload(), |_tx| {
+                    Err::<Outcome, _>("a duplicate must not run")
+                }) {
+                    Ok(ExecuteOutcome::Completed(b)) if b == response(&key, "x") => Ok(()),
+                    Ok(other) => panic!("duplicate execute: {other:?}"),
+                    Err(crate::ExecuteError::Closure(e)) => panic!("duplicate ran: {e}"),
+                    Err(crate::ExecuteError::Db(e)) => Err(e.to_string()),
+                }
+            })
+        }
+        Script::ExecuteErrThenExecute => {
+            let row_key = key.clone();
+            log.call(Expect::Absent, || {
+                match db.execute(&scope(), &Key::new(&key), log_payload(), move |tx| {
+                    tx.open_table(ROWS)
+                        .map_err(|e| e.to_string())?
+                        .insert(row_key.as_str(), &b"must not commit"[..])
+                        .map_err(|e| e.to_string())?;
+                    Err::<Outcome, String>("transient".into())
+                }) {
+                    Err(crate::ExecuteError::Closure(_)) => Ok(()),
+                    Ok(other) => panic!("failing execute: {other:?}"),
+                    Err(crate::ExecuteError::Db(e)) => Err(e.to_string()),
+                }
+            })?;
+            execute(db, log, &key, "x")
+        }
+        Script::Takeover => {
+            let stale = reserve(db, log, SHORT_LEASE, false)?;
+            clock.advance(SHORT_LEASE + Duration::from_secs(1));
+            let fresh = reserve(db, log, LONG_LEASE, true)?;
+            let same = log.acked.clone();
+            log.call(same, || match db.complete(&stale, b"late".to_vec()) {
+                Err(Error::Fenced { .. }) => Ok(()),
+                Ok(()) => panic!("a stale owner completed"),
+                Err(e) => Err(e.to_string()),
+            })?;
+            log.call(done("c", false), || {
+                owner_call(db.complete(&fresh, response(&key, "c")))
+            })
+        }
+    }
+}
+
+fn execute(db: &IdemDb, log: &mut KeyLog, key: &str, step: &str) -> Option<()> {
+    let (row_key, bytes) = (key.to_string(), response(key, step));
+    let stored = response(key, step);
+    let predicted = Expect::Completed {
+        response: response(key, step),
+        row: true,
+    };
+    log.call(predicted, || {
+        match db.execute(&scope(), &Key::new(key), log_payload(), move |tx| {
+            tx.open_table(ROWS)?
+                .insert(row_key.as_str(), bytes.as_slice())?;
+            Ok::<_, Error>(Outcome::Completed(stored))
+        }) {
+            Ok(ExecuteOutcome::Executed(_)) => Ok(()),
+            Ok(other) => panic!("execute: {other:?}"),
+            Err(e) => Err(Error::from(e).to_string()),
+        }
+    })
+}
+
+/// What a check of a recovered database covered.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CrashCheck {
+    /// Keys compared with the model.
+    pub keys: u64,
+    /// Acknowledged calls whose effect was verified.
+    pub acked_calls: u64,
+    /// Calls in flight at the crash (resolved either way).
+    pub in_flight: u64,
+    /// Records decoded in the full scan.
+    pub records_scanned: u64,
+}
+
+/// Checks invariants I1–I5 on a database reopened after a crash: every key holds its
+/// acknowledged state or its in-flight call's (I1, I5), business rows go with their records
+/// (I2), every stored record decodes (I4), and a new reservation's token is above every token
+/// handed out before the crash (I3). Also runs redb's integrity check on `image` first.
+pub fn check_recovered(
+    image: Vec<u8>,
+    clock: ManualClock,
+    logs: &[KeyLog],
+) -> Result<CrashCheck, String> {
+    let mut raw = redb::Builder::new()
+        .create_with_backend(super::FaultBackend::from_image(image.clone()))
+        .map_err(|e| format!("redb cannot open the crash image: {e}"))?;
+    match raw.check_integrity() {
+        Ok(true) => {}
+        Ok(false) => return Err("redb's integrity check had to repair the file".into()),
+        Err(e) => return Err(format!("redb's integrity check failed: {e}")),
+    }
+    drop(raw);
+    let db = IdemDb::builder()
+        .clock(clock)
+        .open_with_backend(super::FaultBackend::from_image(image))
+        .map_err(|e| format!("reopen failed: {e}"))?;
+    let mut summary = CrashCheck::default();
+    let read = db.begin_read().map_err(|e| e.to_string())?;
+    let rows = match read.open_table(ROWS) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut max_token = 0;
+    for log in logs {
+        let rec = db
+            .get(&scope(), &Key::new(&log.key))
+            .map_err(|e| format!("{}: {e}", log.key))?;
+        let row = match &rows {
+            Some(t) => t
+                .get(log.key.as_str())
+                .map_err(|e| e.to_string())?
+                .map(|v| v.value().to_vec()),
+            None => None,
+        };
+        let actual = observed(rec.as_ref(), row.as_deref(), &log.key)?;
+        let ok = matches(&log.acked, &actual)
+            || log.in_flight.as_ref().is_some_and(|f| matches(f, &actual));
+        if !ok {
+            return Err(format!(
+                "{}: recovered {actual:?}, acknowledged {:?}, in flight {:?}",
+                log.key, log.acked, log.in_flight
+            ));
+        }
+        max_token = max_token.max(log.max_token);
+        if let Some(r) = &rec {
+            max_token = max_token.max(r.token.get());
+        }
+        summary.keys += 1;
+        summary.acked_calls += log.acked_calls;
+        summary.in_flight += u64::from(log.in_flight.is_some());
+    }
+    let all = read.open_table(RECORDS).map_err(|e| e.to_string())?;
+    for entry in all.iter().map_err(|e| e.to_string())? {
+        let (_, v) = entry.map_err(|e| e.to_string())?;
+        Record::decode(v.value()).map_err(|e| format!("a stored record fails to decode: {e}"))?;
+        summary.records_scanned += 1;
+    }
+    drop((rows, all, read));
+    let probe = Key::new(format!("probe-{}", db.clock.now_ms()));
+    match db.reserve(&scope(), &probe, b"probe", LONG_LEASE) {
+        Ok(ReserveOutcome::Acquired(r)) if r.token().get() > max_token => Ok(summary),
+        Ok(ReserveOutcome::Acquired(r)) => Err(format!(
+            "token {} issued after reopen is not above {max_token}",
+            r.token()
+        )),
+        other => Err(format!("probe reservation after reopen: {other:?}")),
+    }
+}
+
+fn observed(rec: Option<&Record>, row: Option<&[u8]>, key: &str) -> Result<Expect, String> {
+    let has_row = match row {
+        None => false,
+        Some(bytes) => {
+            if rec.is_none_or(|r| r.state == RecordState::InProgress || bytes != r.response) {
+                return Err(format!("{key}: business row without its record: {rec:?}"));
+            }
+            true
+        }
+    };
+    Ok(match rec {
+        None => Expect::Absent,
+        Some(r) => match r.state {
+            RecordState::InProgress => Expect::InProgress(Some(r.token.get())),
+            RecordState::Completed => Expect::Completed {
+                response: r.response.clone(),
+                row: has_row,
+            },
+            RecordState::Failed => Expect::Failed {
+                response: r.response.clone(),
+                row: has_row,
+            },
+        },
+    })
+}
+
+fn matches(expected: &Expect, actual: &Expect) -> bool {
+    match (expected, actual) {
+        (Expect::InProgress(None), Expect::InProgress(Some(_))) => true,
+        _ => expected == actual,
+    }
+}

@@ -1,0 +1,268 @@
+//! The write queue and leadership: who commits, who waits, and how callers are answered.
+//!
+//! Invariant: `leader_active` is false only while the queue is empty. So a caller that finds no
+//! leader has its op first in line, and a leader's own op is always in the batch it takes.
+//! Sync callers lead on their own thread. Async callers never block their executor: when one
+//! is first in line with no leader, the committer thread leads for it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::Mutex;
+
+use crate::error::Error;
+use crate::writer::Writer;
+use crate::writer::op::{OpOutput, WriteOp};
+
+#[derive(Default)]
+pub(crate) struct Queue {
+    jobs: VecDeque<Job>,
+    leader_active: bool,
+    /// The committer thread should lead the next batch.
+    committer_requested: bool,
+    shutdown: bool,
+    /// Async callers waiting for room in a full queue.
+    room_wakers: Vec<Waker>,
+}
+
+pub(crate) struct Job {
+    pub(crate) op: WriteOp,
+    slot: Arc<Slot>,
+}
+
+/// Where one caller's answer is delivered.
+#[derive(Default)]
+struct Slot {
+    inner: Mutex<SlotInner>,
+    cv: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct SlotInner {
+    state: SlotState,
+    /// Set for an async caller: woken instead of the condvar.
+    waker: Option<Waker>,
+    is_async: bool,
+}
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Waiting,
+    /// The previous leader handed leadership to this (sync) caller.
+    Lead,
+    Done(Result<OpOutput, Error>),
+    /// The answer was taken.
+    Taken,
+}
+
+impl Slot {
+    fn new(is_async: bool) -> Arc<Slot> {
+        Arc::new(Slot {
+            inner: Mutex::new(SlotInner {
+                is_async,
+                ..SlotInner::default()
+            }),
+            cv: parking_lot::Condvar::new(),
+        })
+    }
+
+    fn is_async(&self) -> bool {
+        self.inner.lock().is_async
+    }
+
+    fn set(&self, state: SlotState) {
+        let waker = {
+            let mut inner = self.inner.lock();
+            inner.state = state;
+            inner.waker.take()
+        };
+        self.cv.notify_one();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl Writer {
+    /// Queues `op`, waits until a durable commit covers it, and returns its answer. The caller
+    /// may lead the commit on its own thread.
+    pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
+        super::refuse_reentry()?;
+        let slot = Slot::new(false);
+        let mut lead = {
+            let mut queue = self.queue.lock();
+            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
+                self.room.wait(&mut queue);
+            }
+            self.check_open(&queue)?;
+            queue.jobs.push_back(Job {
+                op,
+                slot: Arc::clone(&slot),
+            });
+            !std::mem::replace(&mut queue.leader_active, true)
+        };
+        loop {
+            if lead {
+                self.lead();
+            }
+            let mut inner = slot.inner.lock();
+            loop {
+                match std::mem::replace(&mut inner.state, SlotState::Taken) {
+                    SlotState::Done(result) => return result,
+                    SlotState::Lead => {
+                        lead = true;
+                        break;
+                    }
+                    waiting => {
+                        inner.state = waiting;
+                        slot.cv.wait(&mut inner);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues `op` for an async caller; the future resolves once a durable commit covers it.
+    /// Dropping the future does not withdraw a queued op: it still runs, unanswered.
+    pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
+        WriteFuture {
+            writer: Arc::clone(self),
+            op: Some(op),
+            slot: None,
+        }
+    }
+
+    fn refusing(&self, queue: &Queue) -> bool {
+        queue.shutdown || self.poisoned.load(Ordering::SeqCst)
+    }
+
+    fn check_open(&self, queue: &Queue) -> Result<(), Error> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::WritesRefused);
+        }
+        if queue.shutdown {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// Commits one batch (which holds the leader's own op, if it has one) and passes
+    /// leadership on.
+    fn lead(&self) {
+        let (batch, room) = {
+            let mut queue = self.queue.lock();
+            let n = queue.jobs.len().min(self.config.max_batch.max(1));
+            let batch: Vec<Job> = queue.jobs.drain(..n).collect();
+            (batch, std::mem::take(&mut queue.room_wakers))
+        };
+        self.room.notify_all();
+        room.into_iter().for_each(Waker::wake);
+        let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
+        let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
+            Ok(results) => results,
+            Err(_) => {
+                // A bug in the engine or in redb: the file's state is unknown to us.
+                self.poison();
+                let e = Error::Poisoned("the writer panicked during a commit".into());
+                slots.iter().map(|_| Err(e.clone())).collect()
+            }
+        };
+        for (slot, result) in slots.iter().zip(results) {
+            slot.set(SlotState::Done(result));
+        }
+        let mut queue = self.queue.lock();
+        match queue.jobs.front() {
+            Some(next) if next.slot.is_async() => {
+                queue.committer_requested = true;
+                self.committer.notify_one();
+            }
+            Some(next) => next.slot.set(SlotState::Lead),
+            None => queue.leader_active = false,
+        }
+    }
+
+    /// The committer thread's loop: leads for async callers until shutdown, then drains.
+    pub(crate) fn run_committer(&self) {
+        let mut queue = self.queue.lock();
+        loop {
+            if std::mem::take(&mut queue.committer_requested) {
+                drop(queue);
+                self.lead();
+                queue = self.queue.lock();
+                continue;
+            }
+            if queue.shutdown && !queue.leader_active {
+                return;
+            }
+            self.committer.wait(&mut queue);
+        }
+    }
+
+    /// Refuses new ops; the committer thread answers what is queued and then returns.
+    pub(crate) fn shutdown(&self) {
+        let mut queue = self.queue.lock();
+        queue.shutdown = true;
+        self.committer.notify_one();
+        self.room.notify_all();
+        for w in std::mem::take(&mut queue.room_wakers) {
+            w.wake();
+        }
+    }
+}
+
+/// The answer to an async caller's queued op.
+pub(crate) struct WriteFuture {
+    writer: Arc<Writer>,
+    op: Option<WriteOp>,
+    slot: Option<Arc<Slot>>,
+}
+
+impl Future for WriteFuture {
+    type Output = Result<OpOutput, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(op) = this.op.take() {
+            let writer = &this.writer;
+            let mut queue = writer.queue.lock();
+            if let Err(e) = writer.check_open(&queue) {
+                return Poll::Ready(Err(e));
+            }
+            if queue.jobs.len() >= writer.config.max_queue {
+                queue.room_wakers.push(cx.waker().clone());
+                this.op = Some(op);
+                return Poll::Pending;
+            }
+            let slot = Slot::new(true);
+            slot.inner.lock().waker = Some(cx.waker().clone());
+            queue.jobs.push_back(Job {
+                op,
+                slot: Arc::clone(&slot),
+            });
+            if !std::mem::replace(&mut queue.leader_active, true) {
+                queue.committer_requested = true;
+                writer.committer.notify_one();
+            }
+            this.slot = Some(slot);
+            return Poll::Pending;
+        }
+        let Some(slot) = &this.slot else {
+            return Poll::Ready(Err(Error::Closed));
+        };
+        let mut inner = slot.inner.lock();
+        match std::mem::replace(&mut inner.state, SlotState::Taken) {
+            SlotState::Done(result) => Poll::Ready(result),
+            pending => {
+                inner.state = pending;
+                inner.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}

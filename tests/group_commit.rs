@@ -1,0 +1,352 @@
+//! Group commit, made observable with a backend whose syncs can be held: while one commit is
+//! stuck in its fsync, the ops that arrive form the next batch.
+
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use idemdb::redb::{ReadableTableMetadata, TableDefinition};
+use idemdb::testing::{Fate, Fault, FaultBackend};
+use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
+
+const LEASE: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(10);
+const ROWS: TableDefinition<&str, u64> = TableDefinition::new("rows");
+
+fn open(backend: &FaultBackend) -> Arc<IdemDb> {
+    Arc::new(
+        IdemDb::builder()
+            .open_with_backend(backend.clone())
+            .unwrap(),
+    )
+}
+
+fn scope() -> Scope {
+    Scope::new("op", "p")
+}
+
+fn reserve_in_thread(db: &Arc<IdemDb>, key: &str) -> JoinHandle<Result<ReserveOutcome, Error>> {
+    let (db, key) = (Arc::clone(db), Key::new(key));
+    thread::spawn(move || db.reserve(&scope(), &key, b"p", LEASE))
+}
+
+/// Lets an op reach the queue before the next one is started.
+fn settle() {
+    thread::sleep(Duration::from_millis(80));
+}
+
+/// Holds syncs and starts a commit that gets stuck in its fsync: later ops queue behind it.
+fn stuck_leader(
+    backend: &FaultBackend,
+    db: &Arc<IdemDb>,
+) -> JoinHandle<Result<ReserveOutcome, Error>> {
+    backend.hold_syncs(true);
+    let leader = reserve_in_thread(db, "leader");
+    assert!(
+        backend.wait_for_held(1, WAIT),
+        "the leader's commit never synced"
+    );
+    leader
+}
+
+/// Syncs one durable commit of a single insert takes on this backend.
+fn syncs_per_commit(backend: &FaultBackend, db: &IdemDb) -> u64 {
+    let before = backend.syncs();
+    let _ = db
+        .reserve(&scope(), &Key::new("probe"), b"p", LEASE)
+        .unwrap();
+    backend.syncs() - before
+}
+
+#[test]
+fn a_lone_caller_pays_one_commit() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let per_commit = syncs_per_commit(&backend, &db);
+    assert!(per_commit >= 1);
+    let before = backend.syncs();
+    for i in 0..10 {
+        let _ = db
+            .reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+            .unwrap();
+    }
+    assert_eq!(backend.syncs() - before, 10 * per_commit);
+}
+
+#[test]
+fn duplicates_in_one_batch_see_each_other() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let per_commit = syncs_per_commit(&backend, &db);
+    let leader = stuck_leader(&backend, &db);
+    let first = reserve_in_thread(&db, "k");
+    settle();
+    let second = reserve_in_thread(&db, "k");
+    settle();
+    let before = backend.syncs();
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        leader.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    assert!(matches!(
+        first.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    assert!(matches!(
+        second.join().unwrap().unwrap(),
+        ReserveOutcome::InProgress { .. }
+    ));
+    // The leader's commit plus one commit for both duplicates.
+    assert_eq!(backend.syncs() - before, 2 * per_commit);
+}
+
+#[test]
+fn failing_closures_do_not_undo_their_neighbours() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let per_commit = syncs_per_commit(&backend, &db);
+    let leader = stuck_leader(&backend, &db);
+    let mut callers = Vec::new();
+    for i in 0..12u64 {
+        let db = Arc::clone(&db);
+        callers.push(thread::spawn(move || {
+            let key = format!("k{i}");
+            db.execute(&scope(), &Key::new(&key), b"p", move |tx| {
+                tx.open_table(ROWS)?.insert(key.as_str(), i)?;
+                if i % 3 == 1 {
+                    return Err(Error::InvalidInput(idemdb::InputError::ZeroLease));
+                }
+                Ok(Outcome::Completed(i.to_le_bytes().to_vec()))
+            })
+        }));
+        thread::sleep(Duration::from_millis(15));
+    }
+    settle();
+    let before = backend.syncs();
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        leader.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    for (i, c) in callers.into_iter().enumerate() {
+        let result = c.join().unwrap();
+        if i % 3 == 1 {
+            assert!(
+                matches!(result, Err(idemdb::ExecuteError::Closure(_))),
+                "{i}: {result:?}"
+            );
+        } else {
+            assert!(
+                matches!(result, Ok(ExecuteOutcome::Executed(_))),
+                "{i}: {result:?}"
+            );
+        }
+    }
+    // All twelve shared the leader's hand-off: one durable commit (plus at most one cover).
+    assert!(backend.syncs() - before <= 3 * per_commit);
+    let read = db.begin_read().unwrap();
+    let rows = read.open_table(ROWS).unwrap();
+    assert_eq!(rows.len().unwrap(), 8);
+    for i in 0..12u64 {
+        let key = format!("k{i}");
+        let row = rows.get(key.as_str()).unwrap().map(|v| v.value());
+        let rec = db.get(&scope(), &Key::new(&key)).unwrap();
+        if i % 3 == 1 {
+            assert_eq!(row, None, "{key}");
+            assert!(rec.is_none(), "{key}");
+        } else {
+            assert_eq!(row, Some(i), "{key}");
+            assert_eq!(rec.unwrap().response, i.to_le_bytes());
+        }
+    }
+}
+
+type Reserving = JoinHandle<Result<ReserveOutcome, Error>>;
+type Executing = JoinHandle<Result<ExecuteOutcome, idemdb::ExecuteError<Error>>>;
+
+/// A batch [execute k1, reserve k2]: k1's transaction commits without fsync and is visible
+/// before the batch's durable commit. Nobody may answer from it until that commit returns.
+fn batch_with_a_non_durable_commit(
+    backend: &FaultBackend,
+    db: &Arc<IdemDb>,
+) -> (Reserving, Executing, Reserving) {
+    let leader = stuck_leader(backend, db);
+    let exec = {
+        let db = Arc::clone(db);
+        thread::spawn(move || {
+            db.execute(&scope(), &Key::new("k1"), b"p", |tx| {
+                tx.open_table(ROWS)?.insert("k1", 1)?;
+                Ok(Outcome::Completed(b"done".to_vec()))
+            })
+        })
+    };
+    settle();
+    let plain = reserve_in_thread(db, "k2");
+    settle();
+    backend.release_held();
+    assert!(leader.join().unwrap().is_ok());
+    // The next batch is now stuck in its durable commit's sync.
+    assert!(backend.wait_for_held(1, WAIT));
+    (reserve_in_thread(db, "leader"), exec, plain)
+}
+
+#[test]
+fn readers_wait_for_the_durable_commit_that_covers_what_they_saw() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let (_, exec, plain) = batch_with_a_non_durable_commit(&backend, &db);
+    let dup = reserve_in_thread(&db, "k1");
+    settle();
+    assert!(
+        !dup.is_finished(),
+        "a duplicate was answered from non-durable state"
+    );
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        exec.join().unwrap(),
+        Ok(ExecuteOutcome::Executed(_))
+    ));
+    assert!(matches!(
+        plain.join().unwrap(),
+        Ok(ReserveOutcome::Acquired(_))
+    ));
+    assert_eq!(
+        dup.join().unwrap().unwrap(),
+        ReserveOutcome::Completed(b"done".to_vec())
+    );
+}
+
+#[test]
+fn a_crash_between_the_non_durable_and_the_durable_commit_takes_back_nothing_answered() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let (leader_again, exec, plain) = batch_with_a_non_durable_commit(&backend, &db);
+    let dup = reserve_in_thread(&db, "k1");
+    settle();
+    assert!(
+        !dup.is_finished(),
+        "a duplicate was answered from non-durable state"
+    );
+    // Power loss while the durable commit is in its fsync: its pending writes are lost.
+    let image = backend.crash_image(|_| Fate::Drop);
+    backend.kill();
+    assert!(exec.join().unwrap().is_err());
+    assert!(plain.join().unwrap().unwrap_err().is_outcome_unknown());
+    assert!(dup.join().unwrap().is_err(), "the duplicate got an outcome");
+    let _ = leader_again.join().unwrap();
+    drop(db);
+
+    let db = IdemDb::builder()
+        .open_with_backend(FaultBackend::from_image(image))
+        .unwrap();
+    let leader = db.get(&scope(), &Key::new("leader")).unwrap().unwrap();
+    assert_eq!(
+        leader.state,
+        idemdb::RecordState::InProgress,
+        "acknowledged before the crash"
+    );
+    assert!(db.get(&scope(), &Key::new("k1")).unwrap().is_none());
+    assert!(db.get(&scope(), &Key::new("k2")).unwrap().is_none());
+    let read = db.begin_read().unwrap();
+    assert!(
+        read.open_table(ROWS).is_err(),
+        "the business table never became durable"
+    );
+}
+
+#[test]
+fn an_io_error_in_a_commit_answers_the_batch_outcome_unknown_and_refuses_writes() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let acknowledged = db.execute(&scope(), &Key::new("before"), b"p", |_tx| {
+        Ok::<_, Error>(Outcome::Completed(b"kept".to_vec()))
+    });
+    assert!(acknowledged.is_ok());
+    let leader = stuck_leader(&backend, &db);
+    let callers: Vec<_> = (0..6)
+        .map(|i| {
+            let c = reserve_in_thread(&db, &format!("k{i}"));
+            thread::sleep(Duration::from_millis(10));
+            c
+        })
+        .collect();
+    settle();
+    backend.inject(Fault::Sync { after: 1 });
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(
+        leader.join().unwrap().is_ok(),
+        "its sync was within the budget"
+    );
+    for c in callers {
+        let e = c.join().unwrap().unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e:?}");
+        assert!(e.to_string().contains("outcome unknown"), "{e}");
+    }
+    assert!(matches!(
+        db.reserve(&scope(), &Key::new("later"), b"p", LEASE),
+        Err(Error::WritesRefused)
+    ));
+    // Replays of durable state still work.
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("before"), b"p", LEASE)
+            .unwrap(),
+        ReserveOutcome::Completed(b"kept".to_vec())
+    );
+    drop(db);
+    backend.clear_faults();
+    let db = IdemDb::builder()
+        .open_with_backend(backend.clone())
+        .unwrap();
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("before"), b"p", LEASE)
+            .unwrap(),
+        ReserveOutcome::Completed(b"kept".to_vec())
+    );
+    assert!(matches!(
+        db.reserve(&scope(), &Key::new("after-reopen"), b"p", LEASE)
+            .unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+}
+
+#[test]
+fn a_full_queue_makes_callers_wait_and_loses_nothing() {
+    let backend = FaultBackend::new();
+    let db = Arc::new(
+        IdemDb::builder()
+            .max_queue(2)
+            .max_batch(2)
+            .open_with_backend(backend.clone())
+            .unwrap(),
+    );
+    let leader = stuck_leader(&backend, &db);
+    let callers: Vec<_> = (0..16)
+        .map(|i| reserve_in_thread(&db, &format!("k{i}")))
+        .collect();
+    settle();
+    assert!(callers.iter().all(|c| !c.is_finished()));
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        leader.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    for c in callers {
+        assert!(matches!(
+            c.join().unwrap().unwrap(),
+            ReserveOutcome::Acquired(_)
+        ));
+    }
+    for i in 0..16 {
+        assert!(
+            db.get(&scope(), &Key::new(format!("k{i}")))
+                .unwrap()
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,43 @@
+//! A closure that calls back into the database from inside its own commit gets an error
+//! instead of waiting for itself forever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemdb::{Error, ExecuteError, IdemDb, Key, Outcome, ReserveOutcome, Scope};
+
+#[test]
+fn a_closure_calling_the_database_is_refused_not_deadlocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let scope = Scope::new("op", "p");
+    let inner = Arc::clone(&db);
+    let result = db.execute(&scope, &Key::new("outer"), b"p", move |_tx| {
+        match inner.reserve(
+            &Scope::new("op", "p"),
+            &Key::new("inner"),
+            b"p",
+            Duration::from_secs(5),
+        ) {
+            Err(Error::Reentrant) => Err("refused"),
+            other => panic!("expected Reentrant, got {other:?}"),
+        }
+    });
+    assert!(matches!(result, Err(ExecuteError::Closure("refused"))));
+    // Nothing committed, and the database still works.
+    assert!(db.get(&scope, &Key::new("outer")).unwrap().is_none());
+    assert!(matches!(
+        db.reserve(&scope, &Key::new("inner"), b"p", Duration::from_secs(5))
+            .unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    let ok = db
+        .execute(&scope, &Key::new("outer"), b"p", |_tx| {
+            Ok::<_, Error>(Outcome::Completed(b"ok".to_vec()))
+        })
+        .unwrap();
+    assert_eq!(
+        ok,
+        idemdb::ExecuteOutcome::Executed(Outcome::Completed(b"ok".to_vec()))
+    );
+}
