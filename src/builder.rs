@@ -30,6 +30,7 @@ pub struct Builder {
     limits: Limits,
     writer: WriterConfig,
     cache_size: Option<usize>,
+    verify_on_open: bool,
 }
 
 impl Default for Builder {
@@ -39,6 +40,7 @@ impl Default for Builder {
             limits: Limits::default(),
             writer: WriterConfig::default(),
             cache_size: None,
+            verify_on_open: true,
         }
     }
 }
@@ -66,6 +68,15 @@ impl Builder {
     /// taken as 1).
     pub fn max_queue(mut self, max_queue: usize) -> Self {
         self.writer.max_queue = max_queue.max(1);
+        self
+    }
+
+    /// Verify every page's checksum when opening (default: on). A file damaged since it was
+    /// last written then fails to open with [`Error::Corrupted`] instead of being trusted;
+    /// without the check, redb may panic on such a file. The check reads the whole file (see
+    /// docs/design.md for its cost); turn it off only for files you trust.
+    pub fn verify_on_open(mut self, on: bool) -> Self {
+        self.verify_on_open = on;
         self
     }
 
@@ -99,6 +110,7 @@ impl Builder {
 
     fn redb_builder(&self) -> redb::Builder {
         let mut b = redb::Builder::new();
+        b.set_check_integrity_on_open(self.verify_on_open);
         if let Some(bytes) = self.cache_size {
             b.set_cache_size(bytes);
         }

@@ -11,8 +11,8 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemdb::redb::{self, ReadableDatabase, ReadableTable, TableDefinition};
@@ -120,10 +120,20 @@ pub enum Kind {
     Idem,
     Naive,
     Sqlite,
+    SqliteShared,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Idem, Kind::Naive, Kind::Sqlite];
+    /// The engines every cell compares.
+    pub const MAIN: [Kind; 3] = [Kind::Idem, Kind::Naive, Kind::Sqlite];
+    /// Every engine, in the summary's column order.
+    pub const ALL: [Kind; 4] = [Kind::Idem, Kind::Naive, Kind::Sqlite, Kind::SqliteShared];
+
+    /// The engines compared in a cell with `threads` concurrent callers: the shared SQLite
+    /// connection only differs from a connection per thread when there are several threads.
+    pub fn for_threads(threads: usize) -> &'static [Kind] {
+        if threads > 1 { &Kind::ALL } else { &Kind::MAIN }
+    }
 
     /// The benchmark id, also the directory name under target/criterion/<cell>/.
     pub fn id(self) -> &'static str {
@@ -131,6 +141,7 @@ impl Kind {
             Kind::Idem => "idemdb",
             Kind::Naive => "redb_naive",
             Kind::Sqlite => "sqlite",
+            Kind::SqliteShared => "sqlite_shared",
         }
     }
 
@@ -142,6 +153,13 @@ impl Kind {
             }),
             Kind::Naive => Arc::new(Naive::open(&dir.join("bench.redb"))),
             Kind::Sqlite => Arc::new(Sqlite::open(&dir.join("bench.sqlite"))),
+            Kind::SqliteShared => {
+                let sqlite = Sqlite::open(&dir.join("bench.sqlite"));
+                Arc::new(SqliteShared {
+                    conn: Arc::new(Mutex::new(sqlite.connection())),
+                    sqlite,
+                })
+            }
         }
     }
 }
@@ -467,13 +485,19 @@ impl Sqlite {
     }
 }
 
-impl Engine for Sqlite {
-    fn session(&self) -> Box<dyn Session> {
-        Box::new(SqliteSession {
+impl Sqlite {
+    fn connection(&self) -> SqliteSession {
+        SqliteSession {
             conn: connect(&self.path),
             tokens: Arc::clone(&self.tokens),
             fp: xxh3_128(PAYLOAD).to_le_bytes(),
-        })
+        }
+    }
+}
+
+impl Engine for Sqlite {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(self.connection())
     }
 
     fn preload(&self, n: u64) {
@@ -516,6 +540,16 @@ impl SqliteSession {
         }
         token
     }
+
+    /// The guarded `UPDATE`.
+    fn complete(&self, key: &[u8], token: u64) {
+        let updated = retry_busy(|| {
+            self.conn
+                .prepare_cached(SQL_COMPLETE)?
+                .execute(params![key, token as i64, RESPONSE])
+        });
+        assert_eq!(updated, 1, "complete refused");
+    }
 }
 
 impl Session for SqliteSession {
@@ -526,12 +560,7 @@ impl Session for SqliteSession {
     fn lifecycle(&mut self, id: u64) {
         let key = scoped_key(id);
         let token = self.acquire(&key);
-        let updated = retry_busy(|| {
-            self.conn
-                .prepare_cached(SQL_COMPLETE)?
-                .execute(params![key, token as i64, RESPONSE])
-        });
-        assert_eq!(updated, 1, "complete refused");
+        self.complete(&key, token);
     }
 
     fn execute(&mut self, id: u64) {
@@ -564,6 +593,55 @@ impl Session for SqliteSession {
         });
         assert!(fp == self.fp && state == i64::from(STATE_COMPLETED));
         response.len()
+    }
+}
+
+/// One SQLite connection shared by every thread, locked per operation (per statement for
+/// reserve and complete, per transaction for execute).
+struct SqliteShared {
+    sqlite: Sqlite,
+    conn: Arc<Mutex<SqliteSession>>,
+}
+
+struct SqliteSharedSession {
+    conn: Arc<Mutex<SqliteSession>>,
+}
+
+impl Engine for SqliteShared {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(SqliteSharedSession {
+            conn: Arc::clone(&self.conn),
+        })
+    }
+
+    fn preload(&self, n: u64) {
+        self.sqlite.preload(n);
+    }
+}
+
+impl SqliteSharedSession {
+    fn conn(&self) -> std::sync::MutexGuard<'_, SqliteSession> {
+        self.conn.lock().expect("shared connection")
+    }
+}
+
+impl Session for SqliteSharedSession {
+    fn reserve(&mut self, id: u64) {
+        self.conn().reserve(id);
+    }
+
+    fn lifecycle(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let token = self.conn().acquire(&key);
+        self.conn().complete(&key, token);
+    }
+
+    fn execute(&mut self, id: u64) {
+        self.conn().execute(id);
+    }
+
+    fn replay(&mut self, id: u64) -> usize {
+        self.conn().replay(id)
     }
 }
 

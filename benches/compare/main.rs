@@ -1,6 +1,7 @@
 //! idemdb against the two stores a user would otherwise embed, in one run:
 //! naive redb (one durable write transaction per operation) and SQLite (WAL,
-//! `synchronous=FULL`, a connection per thread).
+//! `synchronous=FULL`, a connection per thread; in the multi-caller cells also with one
+//! connection shared by all threads behind a mutex).
 //!
 //! Cells (each engine on a fresh file in a temporary directory; all writes durable):
 //! - `reserve_1`: one caller reserving fresh keys, beside the fsync floor.
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, FsyncFloor, Kind, Rng, SQLITE_BUSY_RETRIES, fresh_id};
+use engines::{Engine, FsyncFloor, Kind, Rng, SQLITE_BUSY_RETRIES, Session, fresh_id};
 use pool::{Load, Pool, Work, nanos};
 
 /// Completed records preloaded for the replay cells.
@@ -99,7 +100,7 @@ fn fresh_dir(root: &Path) -> TempDir {
 }
 
 /// Times `op` one call at a time: criterion gets the sum, the side report the distribution.
-fn timed_loop(iters: u64, latencies: &mut Vec<u32>, mut op: impl FnMut()) -> Duration {
+fn timed_loop(iters: u64, latencies: &mut Vec<u64>, mut op: impl FnMut()) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let start = Instant::now();
@@ -127,14 +128,15 @@ fn reserve_1(c: &mut Criterion, root: &Path) {
     drop(floor);
     report::record_latencies(cell, "fsync_floor", &mut latencies);
 
-    for kind in Kind::ALL {
-        let mut state: Option<(Box<dyn engines::Session>, Arc<dyn Engine>, TempDir)> = None;
+    for kind in Kind::MAIN {
+        let mut state: Option<(Box<dyn Session>, TempDir)> = None;
         let mut latencies = Vec::new();
         g.bench_function(kind.id(), |b| {
-            let (session, _, _) = state.get_or_insert_with(|| {
+            let (session, _) = state.get_or_insert_with(|| {
                 let dir = fresh_dir(root);
-                let engine = kind.open(dir.path());
-                (engine.session(), engine, dir)
+                // The session keeps what it needs of the engine alive.
+                let session = kind.open(dir.path()).session();
+                (session, dir)
             });
             b.iter_custom(|iters| {
                 timed_loop(iters, &mut latencies, || session.reserve(fresh_id()))
@@ -150,7 +152,7 @@ fn reserve_1(c: &mut Criterion, root: &Path) {
 fn concurrent(c: &mut Criterion, root: &Path, name: &str, threads: usize, work: Work) {
     let cell = format!("{name}_{threads}");
     let mut g = group(c, &cell, threads as u64);
-    for kind in Kind::ALL {
+    for &kind in Kind::for_threads(threads) {
         let mut state: Option<(Pool, TempDir)> = None;
         let mut latencies = Vec::new();
         g.bench_function(kind.id(), |b| {
@@ -201,7 +203,7 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
     let mut stores: [Option<Preloaded>; 3] = [None, None, None];
 
     let mut g = group(c, "replay_1", 1);
-    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
         let mut session = None;
         let mut rng = Rng::new(7);
         g.bench_function(kind.id(), |b| {
@@ -209,11 +211,12 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             let session = session.get_or_insert_with(|| engine.session());
             b.iter(|| session.replay(rng.below(keys)));
         });
+        report::after_bench("replay_1", kind.id());
     }
     g.finish();
 
     let mut g = group(c, "replay_2", 2);
-    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
         let mut pool = None;
         let mut none = Vec::new();
         g.bench_function(kind.id(), |b| {
@@ -221,12 +224,13 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             let pool = pool.get_or_insert_with(|| Pool::new(engine, 2, Work::Replay { keys }));
             b.iter_custom(|iters| pool.run(iters, &mut none));
         });
+        report::after_bench("replay_2", kind.id());
     }
     g.finish();
 
     let cell = "replay_1_load64";
     let mut g = group(c, cell, 1);
-    for (kind, store) in Kind::ALL.into_iter().zip(stores.iter_mut()) {
+    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
         let mut session = None;
         let mut load: Option<Load> = None;
         let mut rng = Rng::new(11);
@@ -236,6 +240,7 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             load.get_or_insert_with(|| Load::start(engine, LOAD_THREADS));
             b.iter(|| session.replay(rng.below(keys)));
         });
+        report::after_bench(cell, kind.id());
         if let Some(load) = load.take() {
             let s = load.stop();
             let wall = s.wall.as_secs_f64();

@@ -23,7 +23,7 @@ struct Done {
     start: Instant,
     end: Instant,
     /// Per-operation latencies in ns (not recorded for replays: too short to time singly).
-    latencies: Vec<u32>,
+    latencies: Vec<u64>,
 }
 
 /// `threads` callers, each with its own session (its own SQLite connection), waiting for work.
@@ -100,7 +100,7 @@ impl Pool {
     /// Every thread runs `per_thread` operations; returns the wall time from the first
     /// thread's start to the last one's end (thread wake-up before the start is not counted)
     /// and appends the per-operation latencies to `latencies`.
-    pub fn run(&self, per_thread: u64, latencies: &mut Vec<u32>) -> Duration {
+    pub fn run(&self, per_thread: u64, latencies: &mut Vec<u64>) -> Duration {
         for c in &self.commands {
             c.send(per_thread).expect("caller alive");
         }
@@ -128,9 +128,9 @@ impl Drop for Pool {
     }
 }
 
-/// ns, saturating at u32::MAX (4.3 s).
-pub fn nanos(d: Duration) -> u32 {
-    u32::try_from(d.as_nanos()).unwrap_or(u32::MAX)
+/// Whole nanoseconds.
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A write load: `threads` callers doing lifecycles of fresh keys until stopped.

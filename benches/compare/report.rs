@@ -31,21 +31,33 @@ pub fn record(cell: &str, engine: &str, name: &str, value: f64) {
 }
 
 /// Records the distribution of per-operation latencies (ns) of `engine` in `cell`.
-pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u32]) {
+pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u64]) {
+    after_bench(cell, engine);
     if latencies.is_empty() {
         return;
     }
     latencies.sort_unstable();
     let pick = |q: f64| {
         let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
-        f64::from(latencies[i])
+        latencies[i] as f64
     };
-    let mean = latencies.iter().map(|&l| f64::from(l)).sum::<f64>() / latencies.len() as f64;
+    let mean = latencies.iter().map(|&l| l as f64).sum::<f64>() / latencies.len() as f64;
     record(cell, engine, "ops_timed", latencies.len() as f64);
     record(cell, engine, "p50_ns", pick(0.50));
     record(cell, engine, "p99_ns", pick(0.99));
     record(cell, engine, "max_ns", pick(1.0));
     record(cell, engine, "mean_ns", mean);
+}
+
+/// Notes the machine's 1-minute load average at the end of a benchmark: other work on the
+/// machine shows up there.
+pub fn after_bench(cell: &str, engine: &str) {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    if let Some(load) = load {
+        record(cell, engine, "loadavg_1m_after", load);
+    }
 }
 
 fn target_dir() -> PathBuf {
@@ -103,8 +115,8 @@ struct Row {
     cell: String,
     metric: &'static str,
     better: Better,
-    /// idemdb, redb naive, SQLite.
-    vals: [Option<f64>; 3],
+    /// idemdb, redb naive, SQLite, SQLite with one shared connection.
+    vals: [Option<f64>; 4],
     digits: usize,
 }
 
@@ -120,7 +132,7 @@ fn rows(side: &Side) -> Vec<Row> {
         side.get(&format!("{cell}/{engine}"))?.get(name).copied()
     };
     let per_engine =
-        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 3] { Kind::ALL.map(|k| f(k.id())) };
+        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 4] { Kind::ALL.map(|k| f(k.id())) };
     let mut rows = Vec::new();
     let cell = "reserve_1";
     rows.push(Row {
@@ -243,7 +255,7 @@ fn group_thousands(v: i64) -> String {
     let s = v.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -296,6 +308,14 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             "lifecycle_64",
             "lifecycles/s",
             2,
+            10.0,
+            true,
+        ),
+        ratio_target(
+            "(context, not a stated target) lifecycle_64 throughput ≥ 10× SQLite with one shared connection",
+            "lifecycle_64",
+            "lifecycles/s",
+            3,
             10.0,
             true,
         ),
@@ -407,18 +427,19 @@ pub fn finish(test_mode: bool) {
     let _ = writeln!(md);
     let _ = writeln!(
         md,
-        "| cell | metric (↑ higher is better, ↓ lower) | idemdb | redb naive | SQLite | idemdb ÷ naive | idemdb ÷ SQLite |"
+        "| cell | metric (↑ higher is better, ↓ lower) | idemdb | redb naive | SQLite | SQLite, 1 shared conn | idemdb ÷ naive | idemdb ÷ SQLite | idemdb ÷ SQLite 1 conn |"
     );
-    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|");
+    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
     for r in &rows {
-        let [a, b, c] = r.vals.map(|v| fmt_val(v, r.digits));
+        let [a, b, c, d] = r.vals.map(|v| fmt_val(v, r.digits));
         let _ = writeln!(
             md,
-            "| {} | {} | {a} | {b} | {c} | {} | {} |",
+            "| {} | {} | {a} | {b} | {c} | {d} | {} | {} | {} |",
             r.cell,
             r.metric,
             fmt_ratio(r.ratio(1)),
             fmt_ratio(r.ratio(2)),
+            fmt_ratio(r.ratio(3)),
         );
     }
     let floor_median = estimate("reserve_1", "fsync_floor").map(|e| e.median);
@@ -466,8 +487,10 @@ pub fn finish(test_mode: bool) {
                 "idemdb": r.vals[0],
                 "redb_naive": r.vals[1],
                 "sqlite": r.vals[2],
+                "sqlite_shared": r.vals[3],
                 "idemdb_over_naive": r.ratio(1),
                 "idemdb_over_sqlite": r.ratio(2),
+                "idemdb_over_sqlite_shared": r.ratio(3),
             })
         })
         .collect();
@@ -484,7 +507,13 @@ pub fn finish(test_mode: bool) {
         "replay_2",
         "replay_1_load64",
     ] {
-        for bench in ["idemdb", "redb_naive", "sqlite", "fsync_floor"] {
+        for bench in [
+            "idemdb",
+            "redb_naive",
+            "sqlite",
+            "sqlite_shared",
+            "fsync_floor",
+        ] {
             if let Some(e) = estimate(cell, bench) {
                 estimates.insert(
                     format!("{cell}/{bench}"),

@@ -1,11 +1,51 @@
 //! Arbitrary bytes fed to the record decoder, and as a whole file to open(): an error or a
-//! value, never a panic.
+//! value, never a panic. Half the inputs are patches over a valid idemdb file, so the fuzzer
+//! gets past the file header into redb's and idemdb's own checks.
 
 #![no_main]
 
+use std::sync::OnceLock;
+use std::time::Duration;
+
 use idemdb::testing::FaultBackend;
-use idemdb::{IdemDb, Record};
+use idemdb::{IdemDb, Key, Record, ReserveOutcome, Scope};
 use libfuzzer_sys::fuzz_target;
+
+/// A small valid database: records in every state.
+fn valid_image() -> &'static [u8] {
+    static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let backend = FaultBackend::new();
+        let db = IdemDb::builder()
+            .open_with_backend(backend.clone())
+            .expect("open an empty backend");
+        let scope = Scope::new("op", "p");
+        for (i, finish) in ["complete", "fail", "hold"].iter().enumerate() {
+            let key = Key::new(format!("k{i}"));
+            if let Ok(ReserveOutcome::Acquired(r)) =
+                db.reserve(&scope, &key, b"payload", Duration::from_secs(60))
+            {
+                let _ = match *finish {
+                    "complete" => db.complete(&r, b"201 ok".to_vec()),
+                    "fail" => db.fail(&r, b"402 declined".to_vec()),
+                    _ => Ok(()),
+                };
+            }
+        }
+        drop(db);
+        backend.live_image()
+    })
+}
+
+fn exercise(image: Vec<u8>) {
+    if let Ok(db) = IdemDb::builder().open_with_backend(FaultBackend::from_image(image)) {
+        let scope = Scope::new("op", "p");
+        for i in 0..4 {
+            let _ = db.get(&scope, &Key::new(format!("k{i}")));
+        }
+        let _ = db.reserve(&scope, &Key::new("k9"), b"payload", Duration::from_secs(1));
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(record) = Record::decode(data) {
@@ -13,8 +53,21 @@ fuzz_target!(|data: &[u8]| {
         assert!(record.attempts > 0);
         assert!(record.token.get() > 0);
     }
-    if let Ok(db) = IdemDb::builder().open_with_backend(FaultBackend::from_image(data.to_vec())) {
-        // An image that opens must serve reads without panicking.
-        let _ = db.get(&idemdb::Scope::new("op", "p"), &idemdb::Key::new("k"));
+    match data.split_first() {
+        Some((mode, patches)) if mode % 2 == 1 => {
+            // Patches: (u16 offset in 64-byte units, 4 bytes to xor) repeated.
+            let mut image = valid_image().to_vec();
+            for patch in patches.chunks_exact(6) {
+                let unit = usize::from(u16::from_le_bytes([patch[0], patch[1]]));
+                let at = (unit * 64) % image.len().max(1);
+                for (i, b) in patch[2..].iter().enumerate() {
+                    if let Some(byte) = image.get_mut(at + i) {
+                        *byte ^= b;
+                    }
+                }
+            }
+            exercise(image);
+        }
+        _ => exercise(data.to_vec()),
     }
 });
