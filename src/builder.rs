@@ -71,6 +71,14 @@ impl Builder {
         self
     }
 
+    /// redb's quick-repair (default off): every durable commit also saves the allocator state
+    /// (two-phase commit, a second fsync), so that opening after a crash skips the repair
+    /// scan. docs/design.md gives both costs as measured.
+    pub fn quick_repair(mut self, on: bool) -> Self {
+        self.writer.quick_repair = on;
+        self
+    }
+
     /// Verify every page's checksum when opening (default: on). A file damaged since it was
     /// last written then fails to open with [`Error::Corrupted`] instead of being trusted;
     /// without the check, redb may panic on such a file. The check reads the whole file (see

@@ -95,6 +95,8 @@ pub struct WriterConfig {
     /// Most operations waiting for a commit (default 4,096). Past it, callers wait for room
     /// (backpressure); no request is dropped.
     pub max_queue: usize,
+    /// redb's quick-repair on every durable commit (default off; see docs/design.md).
+    pub quick_repair: bool,
 }
 
 impl Default for WriterConfig {
@@ -102,6 +104,7 @@ impl Default for WriterConfig {
         WriterConfig {
             max_batch: 256,
             max_queue: 4096,
+            quick_repair: false,
         }
     }
 }

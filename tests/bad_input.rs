@@ -1,5 +1,9 @@
 //! Refused input and refused files: exact errors, and nothing written.
 
+mod common;
+
+use common::{T0, acquired};
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,10 +15,9 @@ use idemdb::redb::{
 };
 use idemdb::{
     Error, ExecuteError, IdemDb, InputError, Key, Limits, ManualClock, Outcome, RecordState,
-    Reservation, ReserveOutcome, Scope,
+    ReserveOutcome, Scope,
 };
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(30);
 const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
@@ -26,13 +29,6 @@ fn open_with(path: &Path, limits: Limits) -> IdemDb {
         .limits(limits)
         .open(path)
         .unwrap()
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
 }
 
 /// How many records the database holds, read directly from its records table.

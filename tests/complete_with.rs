@@ -1,5 +1,9 @@
 //! The two-step flow's second step with business writes: complete_with / fail_with.
 
+mod common;
+
+use common::{T0, acquired, setup};
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,12 +11,9 @@ use std::time::Duration;
 
 use idemdb::redb::{TableDefinition, TableError};
 use idemdb::{
-    Error, ExecuteError, IdemDb, InputError, Key, ManualClock, RecordState, Reservation,
-    ReserveOutcome, Scope, Tx,
+    Error, ExecuteError, IdemDb, InputError, Key, RecordState, ReserveOutcome, Scope, Tx,
 };
-use tempfile::TempDir;
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(30);
 const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
 
@@ -34,25 +35,8 @@ impl From<idemdb::redb::StorageError> for AppError {
     }
 }
 
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("complete_with.idemdb"))
-        .unwrap();
-    (dir, clock, db)
-}
-
 fn scope() -> Scope {
     Scope::new("POST /charges", "tenant-7")
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
 }
 
 fn ledger_row(db: &IdemDb, key: &str) -> Option<u64> {

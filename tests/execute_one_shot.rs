@@ -1,5 +1,9 @@
 //! The one-shot flow: record and business writes commit together, or not at all.
 
+mod common;
+
+use common::{T0, setup};
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -11,12 +15,10 @@ use idemdb::redb::{
     TableError, TableHandle,
 };
 use idemdb::{
-    Error, ExecuteError, ExecuteOutcome, IdemDb, InputError, Key, ManualClock, Outcome,
-    RecordState, Reservation, ReserveOutcome, Scope,
+    Error, ExecuteError, ExecuteOutcome, IdemDb, InputError, Key, Outcome, RecordState,
+    Reservation, ReserveOutcome, Scope,
 };
-use tempfile::TempDir;
 
-const T0: u64 = 1_700_000_000_000;
 const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
 
 /// The caller's own error type.
@@ -36,16 +38,6 @@ impl From<idemdb::redb::StorageError> for AppError {
     fn from(e: idemdb::redb::StorageError) -> Self {
         AppError::Db(e.to_string())
     }
-}
-
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("execute.idemdb"))
-        .unwrap();
-    (dir, clock, db)
 }
 
 fn scope() -> Scope {

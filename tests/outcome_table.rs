@@ -1,32 +1,14 @@
 //! Every row of the reserve outcome table, with exact outcomes and exact bytes.
 
+mod common;
+
+use common::{T0, acquired, setup};
+
 use std::time::Duration;
 
-use idemdb::{
-    Clock, Fingerprint, IdemDb, Key, ManualClock, Payload, RecordState, Reservation,
-    ReserveOutcome, Scope,
-};
-use tempfile::TempDir;
+use idemdb::{Clock, Fingerprint, Key, Payload, RecordState, ReserveOutcome, Scope};
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(30);
-
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("outcomes.idemdb"))
-        .unwrap();
-    (dir, clock, db)
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
 
 fn scope() -> Scope {
     Scope::new("POST /purchases", "user-42")

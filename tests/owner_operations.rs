@@ -1,31 +1,14 @@
 //! complete / fail / release / extend by the owner, and their refusals for everyone else.
 
+mod common;
+
+use common::{T0, acquired, setup};
+
 use std::time::Duration;
 
-use idemdb::{
-    Clock, Error, IdemDb, Key, ManualClock, RecordState, Reservation, ReserveOutcome, Scope,
-};
-use tempfile::TempDir;
+use idemdb::{Clock, Error, IdemDb, Key, RecordState, Reservation, ReserveOutcome, Scope};
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(30);
-
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("owner.idemdb"))
-        .unwrap();
-    (dir, clock, db)
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
 
 fn scope() -> Scope {
     Scope::new("POST /transfers", "acct-1")

@@ -1,25 +1,20 @@
 //! What survives closing and reopening: records, tokens, and the fingerprint secret.
 
+mod common;
+
+use common::{T0, acquired};
+
 use std::path::Path;
 use std::time::Duration;
 
 use idemdb::{
-    Error, ExecuteOutcome, IdemDb, Key, ManualClock, Outcome, RecordState, Reservation,
-    ReserveOutcome, Scope,
+    Error, ExecuteOutcome, IdemDb, Key, ManualClock, Outcome, RecordState, ReserveOutcome, Scope,
 };
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);
 
 fn open(path: &Path, clock: &ManualClock) -> IdemDb {
     IdemDb::builder().clock(clock.clone()).open(path).unwrap()
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
 }
 
 fn scope() -> Scope {

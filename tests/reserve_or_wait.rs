@@ -1,34 +1,19 @@
 //! Duplicates that wait for the owner instead of polling.
 
+mod common;
+
+use common::{T0, acquired, setup};
+
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idemdb::{IdemDb, Key, ManualClock, RecordState, Reservation, ReserveOutcome, Scope};
-use tempfile::TempDir;
+use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, Scope};
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);
 const LONG_WAIT: Duration = Duration::from_secs(30);
 const PROMPT: Duration = Duration::from_secs(5);
 const WAITERS: usize = 6;
-
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("wait.idemdb"))
-        .unwrap();
-    (dir, clock, db)
-}
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
 
 fn scope() -> Scope {
     Scope::new("POST /orders", "user-1")

@@ -1,18 +1,14 @@
 //! The full takeover story with a manual clock: a stalled owner, a successor, a late write.
 
+mod common;
+
+use common::{T0, acquired};
+
 use std::time::Duration;
 
-use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, Reservation, ReserveOutcome, Scope};
+use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(10);
-
-fn acquired(outcome: ReserveOutcome) -> Reservation {
-    match outcome {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
 
 #[test]
 fn stalled_owner_is_taken_over_and_its_late_complete_is_fenced() {

@@ -1,14 +1,14 @@
 //! The typed layer: responses as serde types, stored as JSON.
 
+mod common;
+
+use common::setup;
+
 use std::time::Duration;
 
-use idemdb::{
-    Error, IdemDb, Key, ManualClock, RecordState, Reservation, ReserveOutcome, Scope, TypedOutcome,
-};
+use idemdb::{Error, Key, RecordState, Reservation, ReserveOutcome, Scope, TypedOutcome};
 use serde::{Deserialize, Serialize};
-use tempfile::TempDir;
 
-const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -22,16 +22,6 @@ struct Receipt {
 enum Declined {
     InsufficientFunds { missing_cents: u64 },
     Fraud,
-}
-
-fn setup() -> (TempDir, ManualClock, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("typed.idemdb"))
-        .unwrap();
-    (dir, clock, db)
 }
 
 fn scope() -> Scope {

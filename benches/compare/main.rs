@@ -66,12 +66,10 @@ fn main() {
     };
     replay(&mut c, root.path(), keys);
 
-    report::record(
-        "run",
-        "sqlite",
-        "busy_retries",
-        SQLITE_BUSY_RETRIES.load(Ordering::Relaxed) as f64,
-    );
+    let busy = SQLITE_BUSY_RETRIES.load(Ordering::Relaxed);
+    if busy > 0 {
+        report::record("run", "sqlite", "busy_retries", busy as f64);
+    }
     c.final_summary();
     report::finish(test_mode);
 }
@@ -211,7 +209,9 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             let session = session.get_or_insert_with(|| engine.session());
             b.iter(|| session.replay(rng.below(keys)));
         });
-        report::after_bench("replay_1", kind.id());
+        if session.is_some() {
+            report::after_bench("replay_1", kind.id());
+        }
     }
     g.finish();
 
@@ -224,7 +224,9 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             let pool = pool.get_or_insert_with(|| Pool::new(engine, 2, Work::Replay { keys }));
             b.iter_custom(|iters| pool.run(iters, &mut none));
         });
-        report::after_bench("replay_2", kind.id());
+        if pool.is_some() {
+            report::after_bench("replay_2", kind.id());
+        }
     }
     g.finish();
 
@@ -240,8 +242,8 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
             load.get_or_insert_with(|| Load::start(engine, LOAD_THREADS));
             b.iter(|| session.replay(rng.below(keys)));
         });
-        report::after_bench(cell, kind.id());
         if let Some(load) = load.take() {
+            report::after_bench(cell, kind.id());
             let s = load.stop();
             let wall = s.wall.as_secs_f64();
             let cores = s.load_cpu.as_secs_f64() / wall;

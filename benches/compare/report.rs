@@ -31,11 +31,12 @@ pub fn record(cell: &str, engine: &str, name: &str, value: f64) {
 }
 
 /// Records the distribution of per-operation latencies (ns) of `engine` in `cell`.
+/// Records nothing if the benchmark did not run (filtered out).
 pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u64]) {
-    after_bench(cell, engine);
     if latencies.is_empty() {
         return;
     }
+    after_bench(cell, engine);
     latencies.sort_unstable();
     let pick = |q: f64| {
         let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
@@ -122,6 +123,10 @@ struct Row {
 
 impl Row {
     fn ratio(&self, baseline: usize) -> Option<f64> {
+        // A percentage lost or a CPU share is compared against the target, not as a ratio.
+        if self.metric.contains('%') {
+            return None;
+        }
         Some(self.vals[0]? / self.vals[baseline]?)
     }
 }
@@ -408,8 +413,9 @@ pub fn finish(test_mode: bool) {
         .ok()
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_default();
+    // Field by field: a filtered run replaces only what it measured.
     for (k, v) in SIDE.lock().expect("side data").iter() {
-        side.insert(k.clone(), v.clone());
+        side.entry(k.clone()).or_default().extend(v.clone());
     }
     std::fs::write(
         &side_path,

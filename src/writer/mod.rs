@@ -66,8 +66,15 @@ pub(crate) struct Writer {
     pub(crate) waits: Arc<WaitRegistry>,
 }
 
+/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
+/// when issued tokens reach it, so most batches skip the meta write. After a reopen, tokens
+/// resume at the ceiling; up to this many are skipped, never reused.
+const TOKEN_BLOCK: u64 = 4096;
+
 struct LeaderState {
     next_token: u64,
+    /// The durable ceiling: every token issued so far is below it.
+    token_ceiling: u64,
     batch_seq: u64,
 }
 
@@ -89,6 +96,7 @@ impl Writer {
             room: Condvar::new(),
             leader: Mutex::new(LeaderState {
                 next_token,
+                token_ceiling: next_token,
                 batch_seq: 0,
             }),
             poisoned: AtomicBool::new(false),
@@ -122,6 +130,11 @@ impl Writer {
         let mut leader = self.leader.lock();
         leader.batch_seq += 1;
         let seq = leader.batch_seq;
+        let LeaderState {
+            next_token,
+            token_ceiling,
+            ..
+        } = &mut *leader;
         let now_ms = self.clock.now_ms();
         let keys: Vec<RecordKey> = batch.iter().map(|j| j.op.key().clone()).collect();
         let segments = segments(&batch);
@@ -136,10 +149,11 @@ impl Writer {
             let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
             let mut ctx = Ctx {
                 now_ms,
-                next_token: &mut leader.next_token,
+                next_token,
                 limits: &self.limits,
             };
-            let (txn, applied) = match self.apply_segment(seg_ops, durable, &mut ctx) {
+            let applied = self.apply_segment(seg_ops, durable, &mut ctx, token_ceiling);
+            let (txn, applied) = match applied {
                 Ok(done) => done,
                 Err(e) => return self.fail_batch(e, n),
             };
@@ -159,7 +173,9 @@ impl Writer {
                 _ => txn.abort().map_err(Error::from).and_then(|()| {
                     if durable && uncovered {
                         // Earlier non-durable commits still need a durable one to cover them.
-                        self.db.begin_write()?.commit()?;
+                        let mut cover = self.db.begin_write()?;
+                        cover.set_quick_repair(self.config.quick_repair);
+                        cover.commit()?;
                     }
                     Ok(())
                 }),
@@ -193,12 +209,14 @@ impl Writer {
         ops: Vec<WriteOp>,
         durable: bool,
         ctx: &mut Ctx<'_>,
+        token_ceiling: &mut u64,
     ) -> Result<(WriteTransaction, Vec<Applied>), Error> {
         let mut txn = self.db.begin_write()?;
         if !durable {
             txn.set_durability(Durability::None)?;
+        } else if self.config.quick_repair {
+            txn.set_quick_repair(true);
         }
-        let token_before = *ctx.next_token;
         let mut applied = Vec::with_capacity(ops.len());
         {
             let mut records = txn.open_table(RECORDS)?;
@@ -206,9 +224,12 @@ impl Writer {
                 applied.push(apply(op, &txn, &mut records, ctx));
             }
         }
-        if *ctx.next_token != token_before && !applied.iter().any(|a| a.abort) {
+        // Every token issued must be below a ceiling that is durable with it (or before it).
+        if *ctx.next_token > *token_ceiling && !applied.iter().any(|a| a.abort) {
+            let ceiling = ctx.next_token.saturating_add(TOKEN_BLOCK);
             txn.open_table(META)?
-                .insert(NEXT_TOKEN_KEY, &ctx.next_token.to_le_bytes()[..])?;
+                .insert(NEXT_TOKEN_KEY, &ceiling.to_le_bytes()[..])?;
+            *token_ceiling = ceiling;
         }
         Ok((txn, applied))
     }

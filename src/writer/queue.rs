@@ -48,6 +48,10 @@ struct SlotInner {
     /// Set for an async caller: woken instead of the condvar.
     waker: Option<Waker>,
     is_async: bool,
+    /// Sync callers of the same batch that this caller wakes once it has its answer: the
+    /// leader wakes two, each of them two more, so the leader is not busy waking a whole batch
+    /// one by one (each wake-up is a hypervisor exit on this kind of VM).
+    wake_next: Vec<Arc<Slot>>,
 }
 
 #[derive(Default)]
@@ -74,6 +78,17 @@ impl Slot {
 
     fn is_async(&self) -> bool {
         self.inner.lock().is_async
+    }
+
+    /// Stores the answer without waking anyone: the wake-up tree does that.
+    fn set_quietly(&self, state: SlotState, wake_next: Vec<Arc<Slot>>) {
+        let mut inner = self.inner.lock();
+        inner.state = state;
+        inner.wake_next = wake_next;
+    }
+
+    fn wake(&self) {
+        self.cv.notify_one();
     }
 
     fn set(&self, state: SlotState) {
@@ -114,7 +129,12 @@ impl Writer {
             let mut inner = slot.inner.lock();
             loop {
                 match std::mem::replace(&mut inner.state, SlotState::Taken) {
-                    SlotState::Done(result) => return result,
+                    SlotState::Done(result) => {
+                        let next = std::mem::take(&mut inner.wake_next);
+                        drop(inner);
+                        next.iter().for_each(|s| s.wake());
+                        return result;
+                    }
                     SlotState::Lead => {
                         lead = true;
                         break;
@@ -173,9 +193,7 @@ impl Writer {
                 slots.iter().map(|_| Err(e.clone())).collect()
             }
         };
-        for (slot, result) in slots.iter().zip(results) {
-            slot.set(SlotState::Done(result));
-        }
+        self.answer(slots, results);
         let mut queue = self.queue.lock();
         match queue.jobs.front() {
             Some(next) if next.slot.is_async() => {
@@ -185,6 +203,25 @@ impl Writer {
             Some(next) => next.slot.set(SlotState::Lead),
             None => queue.leader_active = false,
         }
+    }
+
+    /// Delivers a batch's answers. Async callers are woken directly; sync callers form a
+    /// binary tree in which every caller, on reading its answer, wakes its two children.
+    fn answer(&self, slots: Vec<Arc<Slot>>, results: Vec<Result<OpOutput, Error>>) {
+        let (sync, asynchronous): (Vec<_>, Vec<_>) = slots
+            .into_iter()
+            .zip(results)
+            .partition(|(slot, _)| !slot.is_async());
+        for (slot, result) in asynchronous {
+            slot.set(SlotState::Done(result));
+        }
+        let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
+        for (i, (slot, result)) in sync.into_iter().enumerate() {
+            let children = tree.iter().skip(2 * i + 2).take(2).cloned().collect();
+            slot.set_quietly(SlotState::Done(result), children);
+        }
+        // Roots last: nobody is woken before every answer is in place.
+        tree.iter().take(2).for_each(|s| s.wake());
     }
 
     /// The committer thread's loop: leads for async callers until shutdown, then drains.
