@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::config::{Limits, WriterConfig};
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
-use crate::meta::{self, RECORDS};
+use crate::meta;
 use crate::ops::{
     Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, lease_ms,
     reserve_answer,
@@ -22,7 +22,7 @@ use crate::record::{Record, RecordState};
 use crate::scope::{Key, RecordKey, Scope};
 use crate::token::Reservation;
 use crate::tx::Tx;
-use crate::writer::{Writer, load};
+use crate::writer::Writer;
 
 /// An idempotency store in one redb file.
 ///
@@ -326,8 +326,7 @@ impl IdemDb {
     pub fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         let record_key = RecordKey::encode(scope, key, self.limits())?;
         loop {
-            let txn = self.db.begin_read()?;
-            let record = load(&txn.open_table(RECORDS)?, &record_key)?;
+            let record = self.writer.snapshots.load(&record_key)?;
             match self.writer.durability.pending_for(&record_key) {
                 None => return Ok(record),
                 Some(seq) => self.writer.durability.wait(seq)?,

@@ -39,6 +39,7 @@ mod ops;
 mod outcome;
 mod record;
 mod scope;
+mod snapshot;
 #[cfg(feature = "fault-injection")]
 pub mod testing;
 mod token;

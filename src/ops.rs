@@ -7,21 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redb::ReadableDatabase;
 
 use crate::clock::duration_ms;
 use crate::db::IdemDb;
 use crate::decide::{Decision, decide};
 use crate::error::{Error, ExecuteError, InputError};
 use crate::fingerprint::{Fingerprint, Payload};
-use crate::meta::RECORDS;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
-use crate::writer::{load, replay};
+use crate::writer::replay;
 
 /// An answer that needed no write, or the op the writer must apply.
 pub(crate) enum Prepared<T> {
@@ -70,8 +68,7 @@ impl IdemDb {
         key: &RecordKey,
         fingerprint: Fingerprint,
     ) -> Result<Option<ReserveOutcome>, Error> {
-        let txn = self.db.begin_read()?;
-        let existing = load(&txn.open_table(RECORDS)?, key)?;
+        let existing = self.writer.snapshots.load(key)?;
         let decision = decide(existing.as_ref(), fingerprint, self.clock.now_ms());
         if matches!(decision, Decision::Acquire | Decision::TakeOver)
             || self.writer.durability.pending_for(key).is_some()

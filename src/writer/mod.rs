@@ -28,6 +28,7 @@ use crate::durability::DurabilityTracker;
 use crate::error::Error;
 use crate::meta::{META, NEXT_TOKEN_KEY, RECORDS};
 use crate::scope::RecordKey;
+use crate::snapshot::Snapshots;
 use crate::wait::WaitRegistry;
 
 use apply::{Applied, Ctx, apply};
@@ -63,6 +64,7 @@ pub(crate) struct Writer {
     /// Set when a commit failed: writes are refused until reopen.
     poisoned: AtomicBool,
     pub(crate) durability: Arc<DurabilityTracker>,
+    pub(crate) snapshots: Snapshots,
     pub(crate) waits: Arc<WaitRegistry>,
 }
 
@@ -87,7 +89,6 @@ impl Writer {
         next_token: u64,
     ) -> Self {
         Writer {
-            db,
             clock,
             limits,
             config,
@@ -101,6 +102,8 @@ impl Writer {
             }),
             poisoned: AtomicBool::new(false),
             durability: Arc::default(),
+            snapshots: Snapshots::new(Arc::clone(&db)),
+            db,
             waits: Arc::default(),
         }
     }
@@ -143,6 +146,7 @@ impl Writer {
         let mut changed: Vec<bool> = Vec::with_capacity(n);
         // Some non-durable commit of this batch is not yet covered by a durable one.
         let mut uncovered = false;
+        let mut committed = false;
         let last = segments.len().saturating_sub(1);
         for (i, range) in segments.iter().enumerate() {
             let durable = i == last;
@@ -184,6 +188,7 @@ impl Writer {
                 return self.fail_batch(e, n);
             }
             uncovered |= !durable && rollback.is_none() && wrote;
+            committed |= rollback.is_none() && wrote;
             for a in applied {
                 changed.push(a.changed && rollback.is_none());
                 results.push(match &rollback {
@@ -192,6 +197,10 @@ impl Writer {
                     _ => a.output,
                 });
             }
+        }
+        if committed {
+            // Before anyone is answered or woken: see snapshot.rs.
+            self.snapshots.refresh();
         }
         self.durability.durable(seq);
         self.waits.notify(
