@@ -6,19 +6,25 @@
 //! commits, and its answer is lost. A dropped `reserve_async` may thus leave an IN_PROGRESS
 //! record that nobody owns until its lease runs out.
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::Payload;
 use crate::ops::{
-    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, reserve_answer,
+    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, lease_ms,
+    reserve_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
-use crate::scope::{Key, Scope};
+use crate::scope::{Key, RecordKey, Scope};
+use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
+use crate::wait::WaitGuard;
 
 impl IdemDb {
     /// [`reserve`](Self::reserve), awaiting the commit instead of blocking.
@@ -47,6 +53,51 @@ impl IdemDb {
         match self.prepare_reserve(scope, key, payload.into(), lease)? {
             Prepared::Answer(outcome) => Ok(outcome),
             Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?),
+        }
+    }
+
+    /// [`reserve_or_wait`](Self::reserve_or_wait), awaiting instead of blocking: the task is
+    /// woken by the owner's commit, or by idemdb's timer thread when the owner's lease or
+    /// `timeout` runs out.
+    pub async fn reserve_or_wait_async<'p>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'p>>,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<ReserveOutcome, Error> {
+        let record_key = RecordKey::encode(scope, key, self.limits())?;
+        let lease_ms = lease_ms(lease)?;
+        let fingerprint = self.fingerprinter.resolve(payload.into());
+        let deadline = Instant::now().checked_add(timeout);
+        let waiter = self.writer.waits.register(&record_key);
+        loop {
+            let seen = waiter.generation();
+            let outcome =
+                match self.prepare_reserve_encoded(record_key.clone(), fingerprint, lease_ms)? {
+                    Prepared::Answer(outcome) => outcome,
+                    Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?)?,
+                };
+            let ReserveOutcome::InProgress { retry_after } = outcome else {
+                return Ok(outcome);
+            };
+            let now = Instant::now();
+            let until = match (deadline, now.checked_add(retry_after)) {
+                (Some(d), _) if d <= now => return Ok(outcome),
+                (Some(d), Some(l)) => d.min(l),
+                (Some(d), None) => d,
+                (None, Some(l)) => l,
+                (None, None) => now + Duration::from_secs(3600),
+            };
+            WaitUntil {
+                waiter: &waiter,
+                seen,
+                until,
+                timer: self.timer()?,
+                registration: None,
+            }
+            .await;
         }
     }
 
@@ -141,6 +192,41 @@ impl IdemDb {
             (Prepared::Submit(op), error) => {
                 execute_answer(self.writer.submit_async(op).await, &error)
             }
+        }
+    }
+}
+
+/// Resolves when the key changes or `until` passes.
+struct WaitUntil<'a> {
+    waiter: &'a WaitGuard<'a>,
+    seen: u64,
+    until: Instant,
+    timer: &'a Timer,
+    registration: Option<u64>,
+}
+
+impl Future for WaitUntil<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.waiter.poll_past(self.seen, cx).is_ready() || Instant::now() >= self.until {
+            return Poll::Ready(());
+        }
+        match self.registration {
+            Some(id) => self.timer.update(id, cx.waker()),
+            None => {
+                let id = self.timer.register(self.until, cx.waker().clone());
+                self.registration = Some(id);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for WaitUntil<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.registration {
+            self.timer.cancel(id);
         }
     }
 }

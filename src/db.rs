@@ -1,7 +1,7 @@
 //! The database handle and its synchronous operations.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use crate::ops::{
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, RecordKey, Scope};
+use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::Writer;
@@ -63,6 +64,8 @@ pub struct IdemDb {
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) clock: Arc<dyn Clock>,
     committer: Option<JoinHandle<()>>,
+    /// Started by the first async wait that needs a deadline.
+    timer: OnceLock<Timer>,
 }
 
 impl fmt::Debug for IdemDb {
@@ -123,6 +126,7 @@ impl IdemDb {
             fingerprinter: meta.fingerprinter,
             clock,
             committer: Some(committer),
+            timer: OnceLock::new(),
         })
     }
 
@@ -130,6 +134,17 @@ impl IdemDb {
     /// as dropping it, spelled out.
     pub fn close(self) {
         drop(self);
+    }
+
+    pub(crate) fn timer(&self) -> Result<&Timer, Error> {
+        if let Some(timer) = self.timer.get() {
+            return Ok(timer);
+        }
+        // A racing second start loses the `set` and its thread is joined at once.
+        let _ = self.timer.set(Timer::start()?);
+        self.timer
+            .get()
+            .ok_or_else(|| Error::Poisoned("the timer did not start".into()))
     }
 
     /// The fingerprint of `payload` under this database's secret, as `reserve` computes it.

@@ -42,6 +42,7 @@ mod scope;
 mod snapshot;
 #[cfg(feature = "fault-injection")]
 pub mod testing;
+mod timer;
 mod token;
 mod tx;
 mod typed;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -16,10 +17,17 @@ pub(crate) struct WaitRegistry {
 
 #[derive(Default)]
 pub(crate) struct KeyWait {
-    /// Bumped on every durable change of the key.
-    generation: Mutex<u64>,
+    generation: Mutex<Generation>,
     changed: Condvar,
     waiters: Mutex<usize>,
+}
+
+#[derive(Default)]
+struct Generation {
+    /// Bumped on every durable change of the key.
+    n: u64,
+    /// Async waiters, woken (and dropped) at the next bump.
+    wakers: Vec<Waker>,
 }
 
 /// A registration; dropping it unregisters.
@@ -52,8 +60,13 @@ impl WaitRegistry {
         }
         for key in changed {
             if let Some(wait) = keys.get(key) {
-                *wait.generation.lock() += 1;
+                let wakers = {
+                    let mut generation = wait.generation.lock();
+                    generation.n += 1;
+                    std::mem::take(&mut generation.wakers)
+                };
                 wait.changed.notify_all();
+                wakers.into_iter().for_each(Waker::wake);
             }
         }
     }
@@ -62,20 +75,32 @@ impl WaitRegistry {
 impl WaitGuard<'_> {
     /// The key's generation; read it before looking at the record.
     pub(crate) fn generation(&self) -> u64 {
-        *self.wait.generation.lock()
+        self.wait.generation.lock().n
+    }
+
+    /// Ready once the generation moved past `seen`; otherwise the task is woken when it does.
+    pub(crate) fn poll_past(&self, seen: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut generation = self.wait.generation.lock();
+        if generation.n != seen {
+            return Poll::Ready(());
+        }
+        if !generation.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            generation.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 
     /// Sleeps until the generation moves past `seen` or `until` passes. Returns whether it moved.
     pub(crate) fn wait_past(&self, seen: u64, until: Instant) -> bool {
         let mut generation = self.wait.generation.lock();
-        while *generation == seen {
+        while generation.n == seen {
             if self
                 .wait
                 .changed
                 .wait_until(&mut generation, until)
                 .timed_out()
             {
-                return *generation != seen;
+                return generation.n != seen;
             }
         }
         true

@@ -228,3 +228,90 @@ fn drop_drains_the_queue() {
         ReserveOutcome::InProgress { .. } | ReserveOutcome::Acquired(_)
     ));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_waiters_are_woken_by_the_owner_commit() {
+    let (_dir, db) = open();
+    let scope = Scope::new("op", "p");
+    let ReserveOutcome::Acquired(r) = db
+        .reserve_async(&scope, &Key::new("k"), b"p", LEASE)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let (db, scope) = (Arc::clone(&db), scope.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let out = db
+                    .reserve_or_wait_async(
+                        &scope,
+                        &Key::new("k"),
+                        b"p",
+                        LEASE,
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                (out, started.elapsed())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    db.complete_async(&r, b"done".to_vec()).await.unwrap();
+    for w in waiters {
+        let (out, waited) = w.await.unwrap();
+        assert_eq!(out, ReserveOutcome::Completed(b"done".to_vec()));
+        assert!(waited < Duration::from_secs(5), "woken late: {waited:?}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_wait_times_out_with_in_progress() {
+    let (_dir, db) = open();
+    let scope = Scope::new("op", "p");
+    let _owner = db
+        .reserve_async(&scope, &Key::new("k"), b"p", LEASE)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let out = db
+        .reserve_or_wait_async(
+            &scope,
+            &Key::new("k"),
+            b"p",
+            LEASE,
+            Duration::from_millis(150),
+        )
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(matches!(out, ReserveOutcome::InProgress { .. }), "{out:?}");
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_waiter_takes_over_when_the_lease_runs_out() {
+    let (_dir, db) = open();
+    let scope = Scope::new("op", "p");
+    let short = Duration::from_millis(200);
+    let ReserveOutcome::Acquired(stale) = db
+        .reserve_async(&scope, &Key::new("k"), b"p", short)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+    let out = db
+        .reserve_or_wait_async(&scope, &Key::new("k"), b"p", LEASE, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let ReserveOutcome::Acquired(fresh) = out else {
+        panic!("expected a takeover, got {out:?}")
+    };
+    assert!(fresh.is_takeover());
+    assert!(fresh.token() > stale.token());
+}
