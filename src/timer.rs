@@ -136,7 +136,11 @@ mod tests {
         let id = timer.register(soon, Waker::from(Arc::clone(&cancelled)));
         timer.cancel(id);
         std::thread::sleep(Duration::from_millis(10));
-        assert_eq!(fired.0.load(Ordering::SeqCst), 0, "woke before its deadline");
+        assert_eq!(
+            fired.0.load(Ordering::SeqCst),
+            0,
+            "woke before its deadline"
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while fired.0.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));

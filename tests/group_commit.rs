@@ -6,7 +6,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use idemdb::redb::{ReadableTableMetadata, TableDefinition};
-use idemdb::testing::{Fate, Fault, FaultBackend};
+use idemdb::testing::{Fate, Fault, FaultBackend, queued_ops};
 use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -30,7 +30,16 @@ fn reserve_in_thread(db: &Arc<IdemDb>, key: &str) -> JoinHandle<Result<ReserveOu
     thread::spawn(move || db.reserve(&scope(), &key, b"p", LEASE))
 }
 
-/// Lets an op reach the queue before the next one is started.
+/// Waits until `n` ops wait in the writer's queue.
+fn queued(db: &IdemDb, n: usize) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while queued_ops(db) < n {
+        assert!(std::time::Instant::now() < deadline, "{n} ops never queued");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Gives blocked threads time to block (for what no counter shows).
 fn settle() {
     thread::sleep(Duration::from_millis(80));
 }
@@ -80,9 +89,9 @@ fn duplicates_in_one_batch_see_each_other() {
     let per_commit = syncs_per_commit(&backend, &db);
     let leader = stuck_leader(&backend, &db);
     let first = reserve_in_thread(&db, "k");
-    settle();
+    queued(&db, 1);
     let second = reserve_in_thread(&db, "k");
-    settle();
+    queued(&db, 2);
     let before = backend.syncs();
     backend.hold_syncs(false);
     backend.release_held();
@@ -110,10 +119,10 @@ fn failing_closures_do_not_undo_their_neighbours() {
     let leader = stuck_leader(&backend, &db);
     let mut callers = Vec::new();
     for i in 0..12u64 {
-        let db = Arc::clone(&db);
+        let caller_db = Arc::clone(&db);
         callers.push(thread::spawn(move || {
             let key = format!("k{i}");
-            db.execute(&scope(), &Key::new(&key), b"p", move |tx| {
+            caller_db.execute(&scope(), &Key::new(&key), b"p", move |tx| {
                 tx.open_table(ROWS)?.insert(key.as_str(), i)?;
                 if i % 3 == 1 {
                     return Err(Error::InvalidInput(idemdb::InputError::ZeroLease));
@@ -121,9 +130,8 @@ fn failing_closures_do_not_undo_their_neighbours() {
                 Ok(Outcome::Completed(i.to_le_bytes().to_vec()))
             })
         }));
-        thread::sleep(Duration::from_millis(15));
+        queued(&db, i as usize + 1);
     }
-    settle();
     let before = backend.syncs();
     backend.hold_syncs(false);
     backend.release_held();
@@ -183,14 +191,29 @@ fn batch_with_a_non_durable_commit(
             })
         })
     };
-    settle();
+    queued(db, 1);
     let plain = reserve_in_thread(db, "k2");
-    settle();
+    queued(db, 2);
     backend.release_held();
     assert!(leader.join().unwrap().is_ok());
     // The next batch is now stuck in its durable commit's sync.
     assert!(backend.wait_for_held(1, WAIT));
     (reserve_in_thread(db, "leader"), exec, plain)
+}
+
+/// A caller's own read transaction, opened while a non-durable commit is visible.
+fn read_row_in_thread(db: &Arc<IdemDb>) -> JoinHandle<Result<Option<u64>, Error>> {
+    let db = Arc::clone(db);
+    thread::spawn(move || {
+        let read = db.begin_read()?;
+        let rows = read
+            .open_table(ROWS)
+            .map_err(|e| Error::Storage(Arc::new(e.into())))?;
+        let row = rows
+            .get("k1")
+            .map_err(|e| Error::Storage(Arc::new(e.into())))?;
+        Ok(row.map(|v| v.value()))
+    })
 }
 
 #[test]
@@ -199,10 +222,16 @@ fn readers_wait_for_the_durable_commit_that_covers_what_they_saw() {
     let db = open(&backend);
     let (_, exec, plain) = batch_with_a_non_durable_commit(&backend, &db);
     let dup = reserve_in_thread(&db, "k1");
+    queued(&db, 1);
+    let reader = read_row_in_thread(&db);
     settle();
     assert!(
         !dup.is_finished(),
         "a duplicate was answered from non-durable state"
+    );
+    assert!(
+        !reader.is_finished(),
+        "a read transaction showed non-durable state"
     );
     backend.hold_syncs(false);
     backend.release_held();
@@ -218,6 +247,7 @@ fn readers_wait_for_the_durable_commit_that_covers_what_they_saw() {
         dup.join().unwrap().unwrap(),
         ReserveOutcome::Completed(b"done".to_vec())
     );
+    assert_eq!(reader.join().unwrap().unwrap(), Some(1));
 }
 
 #[test]
@@ -226,10 +256,16 @@ fn a_crash_between_the_non_durable_and_the_durable_commit_takes_back_nothing_ans
     let db = open(&backend);
     let (leader_again, exec, plain) = batch_with_a_non_durable_commit(&backend, &db);
     let dup = reserve_in_thread(&db, "k1");
+    queued(&db, 1);
+    let reader = read_row_in_thread(&db);
     settle();
     assert!(
         !dup.is_finished(),
         "a duplicate was answered from non-durable state"
+    );
+    assert!(
+        !reader.is_finished(),
+        "a read transaction showed non-durable state"
     );
     // Power loss while the durable commit is in its fsync: its pending writes are lost.
     let image = backend.crash_image(|_| Fate::Drop);
@@ -237,6 +273,7 @@ fn a_crash_between_the_non_durable_and_the_durable_commit_takes_back_nothing_ans
     assert!(exec.join().unwrap().is_err());
     assert!(plain.join().unwrap().unwrap_err().is_outcome_unknown());
     assert!(dup.join().unwrap().is_err(), "the duplicate got an outcome");
+    assert!(reader.join().unwrap().is_err(), "the reader saw lost state");
     let _ = leader_again.join().unwrap();
     drop(db);
 
@@ -270,11 +307,10 @@ fn an_io_error_in_a_commit_answers_the_batch_outcome_unknown_and_refuses_writes(
     let callers: Vec<_> = (0..6)
         .map(|i| {
             let c = reserve_in_thread(&db, &format!("k{i}"));
-            thread::sleep(Duration::from_millis(10));
+            queued(&db, i + 1);
             c
         })
         .collect();
-    settle();
     backend.inject(Fault::Sync { after: 1 });
     backend.hold_syncs(false);
     backend.release_held();
@@ -328,6 +364,7 @@ fn a_full_queue_makes_callers_wait_and_loses_nothing() {
     let callers: Vec<_> = (0..16)
         .map(|i| reserve_in_thread(&db, &format!("k{i}")))
         .collect();
+    queued(&db, 2);
     settle();
     assert!(callers.iter().all(|c| !c.is_finished()));
     backend.hold_syncs(false);

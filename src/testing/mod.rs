@@ -7,3 +7,9 @@ mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
 pub use workload::{CrashCheck, KeyLog, Script, check_recovered, run_script};
+
+/// Operations queued for the writer and not yet taken into a batch: lets a test line up a
+/// batch without sleeping.
+pub fn queued_ops(db: &crate::IdemDb) -> usize {
+    db.writer.queued()
+}

@@ -158,6 +158,11 @@ impl Writer {
         }
     }
 
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.lock().jobs.len()
+    }
+
     fn refusing(&self, queue: &Queue) -> bool {
         queue.shutdown || self.poisoned.load(Ordering::SeqCst)
     }
