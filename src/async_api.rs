@@ -15,12 +15,13 @@ use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::Payload;
 use crate::ops::{
-    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, lease_ms,
-    reserve_answer,
+    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
+    is_fenced_db, lease_ms, reserve_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
 use crate::scope::{Key, RecordKey, Scope};
+use crate::stats::Counter;
 use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
@@ -50,10 +51,11 @@ impl IdemDb {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
     ) -> Result<ReserveOutcome, Error> {
-        match self.prepare_reserve(scope, key, payload.into(), lease)? {
+        let outcome = match self.prepare_reserve(scope, key, payload.into(), lease)? {
             Prepared::Answer(outcome) => Ok(outcome),
-            Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?),
-        }
+            Prepared::Submit(op) => self.writer.submit_async(op).await.and_then(reserve_answer),
+        };
+        self.counted_reserve(outcome)
     }
 
     /// [`reserve_or_wait`](Self::reserve_or_wait), awaiting instead of blocking: the task is
@@ -80,11 +82,11 @@ impl IdemDb {
                     Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?)?,
                 };
             let ReserveOutcome::InProgress { retry_after } = outcome else {
-                return Ok(outcome);
+                return self.counted_reserve(Ok(outcome));
             };
             let now = Instant::now();
             let until = match (deadline, now.checked_add(retry_after)) {
-                (Some(d), _) if d <= now => return Ok(outcome),
+                (Some(d), _) if d <= now => return self.counted_reserve(Ok(outcome)),
                 (Some(d), Some(l)) => d.min(l),
                 (Some(d), None) => d,
                 (None, Some(l)) => l,
@@ -108,7 +110,8 @@ impl IdemDb {
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
         let op = self.prepare_finish(reservation, RecordState::Completed, response.into())?;
-        done_answer(self.writer.submit_async(op).await?)
+        let done = self.writer.submit_async(op).await.and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Finished), is_fenced)
     }
 
     /// [`fail`](Self::fail), awaiting the commit.
@@ -118,13 +121,15 @@ impl IdemDb {
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
         let op = self.prepare_finish(reservation, RecordState::Failed, response.into())?;
-        done_answer(self.writer.submit_async(op).await?)
+        let done = self.writer.submit_async(op).await.and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Finished), is_fenced)
     }
 
     /// [`release`](Self::release), awaiting the commit.
     pub async fn release_async(&self, reservation: &Reservation) -> Result<(), Error> {
         let op = Self::prepare_release(reservation);
-        done_answer(self.writer.submit_async(op).await?)
+        let done = self.writer.submit_async(op).await.and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Releases), is_fenced)
     }
 
     /// [`extend`](Self::extend), awaiting the commit.
@@ -134,7 +139,12 @@ impl IdemDb {
         lease: Duration,
     ) -> Result<(), Error> {
         let op = Self::prepare_extend(reservation, lease)?;
-        extend_answer(self.writer.submit_async(op).await?, reservation)
+        let done = self
+            .writer
+            .submit_async(op)
+            .await
+            .and_then(|out| extend_answer(out, reservation));
+        self.counted_owner(done, None, is_fenced)
     }
 
     /// [`complete_with`](Self::complete_with), awaiting the commit. The closure runs on the
@@ -155,7 +165,11 @@ impl IdemDb {
             response.into(),
             business,
         )?;
-        finish_with_answer(self.writer.submit_async(op).await, &error)
+        self.counted_owner(
+            finish_with_answer(self.writer.submit_async(op).await, &error),
+            Some(Counter::Finished),
+            is_fenced_db,
+        )
     }
 
     /// [`fail_with`](Self::fail_with), awaiting the commit.
@@ -171,7 +185,11 @@ impl IdemDb {
     {
         let (op, error) =
             self.prepare_finish_with(reservation, RecordState::Failed, response.into(), business)?;
-        finish_with_answer(self.writer.submit_async(op).await, &error)
+        self.counted_owner(
+            finish_with_answer(self.writer.submit_async(op).await, &error),
+            Some(Counter::Finished),
+            is_fenced_db,
+        )
     }
 
     /// [`execute`](Self::execute), awaiting the commit. The closure runs on the committing
@@ -188,9 +206,9 @@ impl IdemDb {
         E: Send + 'static,
     {
         match self.prepare_execute(scope, key, payload.into(), body)? {
-            (Prepared::Answer(outcome), _) => Ok(outcome),
+            (Prepared::Answer(outcome), _) => self.counted_execute(Ok(outcome)),
             (Prepared::Submit(op), error) => {
-                execute_answer(self.writer.submit_async(op).await, &error)
+                self.counted_execute(execute_answer(self.writer.submit_async(op).await, &error))
             }
         }
     }

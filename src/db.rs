@@ -14,12 +14,14 @@ use crate::error::{Error, ExecuteError};
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
 use crate::meta;
 use crate::ops::{
-    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, lease_ms,
-    reserve_answer,
+    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
+    is_fenced_db, lease_ms, reserve_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, RecordKey, Scope};
+use crate::stats::Counter;
+use crate::stats::Stats;
 use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
@@ -147,6 +149,25 @@ impl IdemDb {
             .ok_or_else(|| Error::Poisoned("the timer did not start".into()))
     }
 
+    /// Counters of what the engine answered since open, and histograms of its commit batches.
+    ///
+    /// ```
+    /// # use idemdb::{IdemDb, Key, Scope};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::open(dir.path().join("db"))?;
+    /// let scope = Scope::new("op", "p");
+    /// let _ = db.reserve(&scope, &Key::new("k"), b"a", Duration::from_secs(5))?;
+    /// let _ = db.reserve(&scope, &Key::new("k"), b"b", Duration::from_secs(5))?;
+    /// let stats = db.stats();
+    /// assert_eq!((stats.acquired, stats.mismatches), (1, 1));
+    /// assert_eq!(stats.batch_size.count, stats.commits);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.writer.stats.snapshot()
+    }
+
     /// The fingerprint of `payload` under this database's secret, as `reserve` computes it.
     pub fn fingerprint(&self, payload: &[u8]) -> Fingerprint {
         self.fingerprinter.fingerprint(payload)
@@ -171,10 +192,11 @@ impl IdemDb {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
     ) -> Result<ReserveOutcome, Error> {
-        match self.prepare_reserve(scope, key, payload.into(), lease)? {
+        let outcome = match self.prepare_reserve(scope, key, payload.into(), lease)? {
             Prepared::Answer(outcome) => Ok(outcome),
-            Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?),
-        }
+            Prepared::Submit(op) => self.writer.submit(op).and_then(reserve_answer),
+        };
+        self.counted_reserve(outcome)
     }
 
     /// Like [`reserve`](Self::reserve), but a duplicate that finds the intent IN_PROGRESS waits,
@@ -204,12 +226,12 @@ impl IdemDb {
                     Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?)?,
                 };
             let ReserveOutcome::InProgress { retry_after } = outcome else {
-                return Ok(outcome);
+                return self.counted_reserve(Ok(outcome));
             };
             let now = Instant::now();
             let lease_end = now.checked_add(retry_after);
             let until = match (deadline, lease_end) {
-                (Some(d), _) if d <= now => return Ok(outcome),
+                (Some(d), _) if d <= now => return self.counted_reserve(Ok(outcome)),
                 (Some(d), Some(l)) => d.min(l),
                 (Some(d), None) => d,
                 (None, Some(l)) => l,
@@ -231,7 +253,8 @@ impl IdemDb {
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
         let op = self.prepare_finish(reservation, RecordState::Completed, response.into())?;
-        done_answer(self.writer.submit(op)?)
+        let done = self.writer.submit(op).and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Finished), is_fenced)
     }
 
     /// Finishes the reservation with a deterministic failure (a declined card): the record
@@ -243,13 +266,18 @@ impl IdemDb {
         response: impl Into<Vec<u8>>,
     ) -> Result<(), Error> {
         let op = self.prepare_finish(reservation, RecordState::Failed, response.into())?;
-        done_answer(self.writer.submit(op)?)
+        let done = self.writer.submit(op).and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Finished), is_fenced)
     }
 
     /// Gives the intent up after a transient failure: the record is removed, so the next retry
     /// executes. Refused as [`complete`](Self::complete) is.
     pub fn release(&self, reservation: &Reservation) -> Result<(), Error> {
-        done_answer(self.writer.submit(Self::prepare_release(reservation))?)
+        let done = self
+            .writer
+            .submit(Self::prepare_release(reservation))
+            .and_then(done_answer);
+        self.counted_owner(done, Some(Counter::Releases), is_fenced)
     }
 
     /// Renews the lease for long work: it now runs out `lease` from now. Updates
@@ -257,7 +285,11 @@ impl IdemDb {
     /// ran out but who was not taken over may still extend.
     pub fn extend(&self, reservation: &mut Reservation, lease: Duration) -> Result<(), Error> {
         let op = Self::prepare_extend(reservation, lease)?;
-        extend_answer(self.writer.submit(op)?, reservation)
+        let done = self
+            .writer
+            .submit(op)
+            .and_then(|out| extend_answer(out, reservation));
+        self.counted_owner(done, None, is_fenced)
     }
 
     /// The two-step flow's second step: runs `business` and marks the record COMPLETED with
@@ -286,7 +318,11 @@ impl IdemDb {
             response.into(),
             business,
         )?;
-        finish_with_answer(self.writer.submit(op), &error)
+        self.counted_owner(
+            finish_with_answer(self.writer.submit(op), &error),
+            Some(Counter::Finished),
+            is_fenced_db,
+        )
     }
 
     /// As [`complete_with`](Self::complete_with), but the record becomes FAILED: a
@@ -303,7 +339,11 @@ impl IdemDb {
     {
         let (op, error) =
             self.prepare_finish_with(reservation, RecordState::Failed, response.into(), business)?;
-        finish_with_answer(self.writer.submit(op), &error)
+        self.counted_owner(
+            finish_with_answer(self.writer.submit(op), &error),
+            Some(Counter::Finished),
+            is_fenced_db,
+        )
     }
 
     /// The one-shot flow: reserves, runs `body` and records its [`Outcome`], all in one write
@@ -331,8 +371,10 @@ impl IdemDb {
         E: Send + 'static,
     {
         match self.prepare_execute(scope, key, payload.into(), body)? {
-            (Prepared::Answer(outcome), _) => Ok(outcome),
-            (Prepared::Submit(op), error) => execute_answer(self.writer.submit(op), &error),
+            (Prepared::Answer(outcome), _) => self.counted_execute(Ok(outcome)),
+            (Prepared::Submit(op), error) => {
+                self.counted_execute(execute_answer(self.writer.submit(op), &error))
+            }
         }
     }
 

@@ -39,7 +39,9 @@ mod ops;
 mod outcome;
 mod record;
 mod scope;
+mod shard;
 mod snapshot;
+mod stats;
 #[cfg(feature = "fault-injection")]
 pub mod testing;
 mod timer;
@@ -61,6 +63,7 @@ pub use fingerprint::{Fingerprint, Payload};
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use record::{Record, RecordState};
 pub use scope::{Key, Scope};
+pub use stats::{HISTOGRAM_BUCKETS, Histogram, Stats};
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use typed::{Typed, TypedOutcome};

@@ -16,6 +16,7 @@ use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
 use crate::scope::{Key, RecordKey, Scope};
+use crate::stats::Counter;
 use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
@@ -152,6 +153,73 @@ impl IdemDb {
         };
         Ok((prepared, error))
     }
+}
+
+/// Counting what callers are told (stats.rs), shared by the sync and async APIs.
+impl IdemDb {
+    pub(crate) fn counted_reserve(
+        &self,
+        result: Result<ReserveOutcome, Error>,
+    ) -> Result<ReserveOutcome, Error> {
+        let stats = &self.writer.stats;
+        match &result {
+            Ok(ReserveOutcome::Acquired(r)) => {
+                stats.add(Counter::Acquired);
+                if r.is_takeover() {
+                    stats.add(Counter::Takeovers);
+                }
+            }
+            Ok(ReserveOutcome::Completed(_)) => stats.add(Counter::ReplaysCompleted),
+            Ok(ReserveOutcome::Failed(_)) => stats.add(Counter::ReplaysFailed),
+            Ok(ReserveOutcome::Mismatch) => stats.add(Counter::Mismatches),
+            Ok(ReserveOutcome::InProgress { .. }) => stats.add(Counter::InProgress),
+            Err(_) => {}
+        }
+        result
+    }
+
+    pub(crate) fn counted_execute<E>(
+        &self,
+        result: Result<ExecuteOutcome, ExecuteError<E>>,
+    ) -> Result<ExecuteOutcome, ExecuteError<E>> {
+        let stats = &self.writer.stats;
+        match &result {
+            Ok(ExecuteOutcome::Executed(_)) => {
+                stats.add(Counter::Acquired);
+                stats.add(Counter::Finished);
+            }
+            Ok(ExecuteOutcome::Completed(_)) => stats.add(Counter::ReplaysCompleted),
+            Ok(ExecuteOutcome::Failed(_)) => stats.add(Counter::ReplaysFailed),
+            Ok(ExecuteOutcome::Mismatch) => stats.add(Counter::Mismatches),
+            Ok(ExecuteOutcome::InProgress { .. }) => stats.add(Counter::InProgress),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// An owner call: `done` counts its success (if anything counts it), a fenced refusal
+    /// counts as fenced.
+    pub(crate) fn counted_owner<T>(
+        &self,
+        result: Result<(), T>,
+        done: Option<Counter>,
+        fenced: impl Fn(&T) -> bool,
+    ) -> Result<(), T> {
+        match &result {
+            Ok(()) => done.into_iter().for_each(|c| self.writer.stats.add(c)),
+            Err(e) if fenced(e) => self.writer.stats.add(Counter::Fenced),
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+pub(crate) fn is_fenced(e: &Error) -> bool {
+    matches!(e, Error::Fenced { .. })
+}
+
+pub(crate) fn is_fenced_db<E>(e: &ExecuteError<E>) -> bool {
+    matches!(e, ExecuteError::Db(Error::Fenced { .. }))
 }
 
 pub(crate) fn reserve_answer(output: OpOutput) -> Result<ReserveOutcome, Error> {

@@ -7,9 +7,7 @@
 //! older than it. The durability tracker is still consulted after every read: a snapshot may
 //! show non-durable commits, exactly as a fresh read transaction would.
 
-use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadableDatabase};
@@ -18,14 +16,14 @@ use crate::error::Error;
 use crate::meta::RECORDS;
 use crate::record::Record;
 use crate::scope::RecordKey;
+use crate::shard::{SHARDS, shard_index};
 use crate::writer::load;
 
 type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 
-/// Copies of the current snapshot, one per shard, each on its own cache lines: readers on
-/// different threads take different read locks, so concurrent replays share no written memory.
-const SHARDS: usize = 16;
-
+/// Copies of the current snapshot, one per shard (shard.rs), each on its own cache lines:
+/// readers on different threads take different read locks, so concurrent replays share no
+/// written memory.
 #[repr(align(128))]
 struct Shard(RwLock<Option<Arc<RecordsTable>>>);
 
@@ -33,20 +31,6 @@ pub(crate) struct Snapshots {
     db: Arc<Database>,
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
-}
-
-/// This thread's shard, assigned round-robin on first use.
-fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    INDEX.with(|i| {
-        if i.get() == usize::MAX {
-            i.set(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
-        }
-        i.get()
-    })
 }
 
 impl Snapshots {

@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::meta::{META, NEXT_TOKEN_KEY, RECORDS};
 use crate::scope::RecordKey;
 use crate::snapshot::Snapshots;
+use crate::stats::StatsCollector;
 use crate::wait::WaitRegistry;
 
 use apply::{Applied, Ctx, apply};
@@ -65,6 +66,7 @@ pub(crate) struct Writer {
     poisoned: AtomicBool,
     pub(crate) durability: Arc<DurabilityTracker>,
     pub(crate) snapshots: Snapshots,
+    pub(crate) stats: StatsCollector,
     pub(crate) waits: Arc<WaitRegistry>,
 }
 
@@ -103,6 +105,7 @@ impl Writer {
             poisoned: AtomicBool::new(false),
             durability: Arc::default(),
             snapshots: Snapshots::new(Arc::clone(&db)),
+            stats: StatsCollector::default(),
             db,
             waits: Arc::default(),
         }
@@ -127,6 +130,7 @@ impl Writer {
         COMMITTING.with(|c| c.set(true));
         let _committing = Committing;
         let n = batch.len();
+        let started = std::time::Instant::now();
         if self.poisoned.load(Ordering::SeqCst) {
             return (0..n).map(|_| Err(Error::WritesRefused)).collect();
         }
@@ -201,6 +205,7 @@ impl Writer {
         if committed {
             // Before anyone is answered or woken: see snapshot.rs.
             self.snapshots.refresh();
+            self.stats.record_batch(n, started.elapsed());
         }
         self.durability.durable(seq);
         self.waits.notify(

@@ -1,0 +1,184 @@
+//! Counters of what the engine answered, and histograms of its commits: `IdemDb::stats()`.
+//!
+//! Counters are kept per thread shard (shard.rs), so counting a replay writes no cache line
+//! another core is writing; a snapshot sums the shards. Histograms are written by the commit
+//! leader only, once per batch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::shard::{SHARDS, shard_index};
+
+/// Buckets of a [`Histogram`]: bucket 0 counts 0 and 1, bucket `i` counts `[2^i, 2^(i+1))`,
+/// the last bucket everything above.
+pub const HISTOGRAM_BUCKETS: usize = 24;
+
+/// A log2 histogram.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Histogram {
+    /// Counts per power-of-two bucket (see [`HISTOGRAM_BUCKETS`]).
+    pub buckets: [u64; HISTOGRAM_BUCKETS],
+    /// Number of values recorded.
+    pub count: u64,
+    /// Sum of the values recorded.
+    pub sum: u64,
+}
+
+impl Histogram {
+    fn record(&mut self, value: u64) {
+        let bucket = (63 - value.max(1).leading_zeros()) as usize;
+        self.buckets[bucket.min(HISTOGRAM_BUCKETS - 1)] += 1;
+        self.count += 1;
+        self.sum = self.sum.saturating_add(value);
+    }
+
+    /// The mean of the values recorded, or 0.
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.count as f64
+        }
+    }
+
+    /// An upper bound of the `q`-quantile (0.0–1.0): the top of the bucket that holds it.
+    pub fn quantile_upper_bound(&self, q: f64) -> u64 {
+        let target = (q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64;
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= target.max(1) {
+                return (1u64 << (i + 1)) - 1;
+            }
+        }
+        u64::MAX
+    }
+}
+
+/// A snapshot of the engine's counters since open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Reservations acquired (`Acquired`, takeovers included) and one-shot executions run.
+    pub acquired: u64,
+    /// Of those, takeovers of an expired lease.
+    pub takeovers: u64,
+    /// Duplicates answered with a stored COMPLETED response.
+    pub replays_completed: u64,
+    /// Duplicates answered with a stored FAILED response.
+    pub replays_failed: u64,
+    /// Same key, different payload.
+    pub mismatches: u64,
+    /// Duplicates answered `InProgress` (409).
+    pub in_progress: u64,
+    /// Owner calls refused with [`Error::Fenced`](crate::Error::Fenced).
+    pub fenced: u64,
+    /// Records finished as COMPLETED or FAILED (by `complete`, `fail`, `*_with` or `execute`).
+    pub finished: u64,
+    /// Records released after a transient failure.
+    pub releases: u64,
+    /// Durable commits made by the writer.
+    pub commits: u64,
+    /// Operations per commit batch.
+    pub batch_size: Histogram,
+    /// Time from a batch's first transaction to its durable commit, in microseconds.
+    pub commit_latency_us: Histogram,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Counter {
+    Acquired,
+    Takeovers,
+    ReplaysCompleted,
+    ReplaysFailed,
+    Mismatches,
+    InProgress,
+    Fenced,
+    Finished,
+    Releases,
+}
+const COUNTERS: usize = 9;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard([AtomicU64; COUNTERS]);
+
+#[derive(Default)]
+pub(crate) struct StatsCollector {
+    shards: [Shard; SHARDS],
+    commits: Mutex<(u64, Histogram, Histogram)>,
+}
+
+impl StatsCollector {
+    pub(crate) fn add(&self, counter: Counter) {
+        self.shards[shard_index()].0[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_batch(&self, ops: usize, took: Duration) {
+        let mut commits = self.commits.lock();
+        commits.0 += 1;
+        commits.1.record(ops as u64);
+        commits
+            .2
+            .record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let sum = |c: Counter| -> u64 {
+            self.shards
+                .iter()
+                .map(|s| s.0[c as usize].load(Ordering::Relaxed))
+                .sum()
+        };
+        let (commits, batch_size, commit_latency_us) = self.commits.lock().clone();
+        Stats {
+            acquired: sum(Counter::Acquired),
+            takeovers: sum(Counter::Takeovers),
+            replays_completed: sum(Counter::ReplaysCompleted),
+            replays_failed: sum(Counter::ReplaysFailed),
+            mismatches: sum(Counter::Mismatches),
+            in_progress: sum(Counter::InProgress),
+            fenced: sum(Counter::Fenced),
+            finished: sum(Counter::Finished),
+            releases: sum(Counter::Releases),
+            commits,
+            batch_size,
+            commit_latency_us,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_by_power_of_two() {
+        let mut h = Histogram::default();
+        for v in [0, 1, 2, 3, 4, 1000, u64::MAX] {
+            h.record(v);
+        }
+        assert_eq!(h.buckets[0], 2);
+        assert_eq!(h.buckets[1], 2);
+        assert_eq!(h.buckets[2], 1);
+        assert_eq!(h.buckets[9], 1);
+        assert_eq!(h.buckets[HISTOGRAM_BUCKETS - 1], 1);
+        assert_eq!(h.count, 7);
+        assert_eq!(h.quantile_upper_bound(0.5), 3);
+    }
+
+    #[test]
+    fn counters_sum_over_shards() {
+        let c = std::sync::Arc::new(StatsCollector::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let c = std::sync::Arc::clone(&c);
+                std::thread::spawn(move || (0..100).for_each(|_| c.add(Counter::Mismatches)))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(c.snapshot().mismatches, 400);
+    }
+}
