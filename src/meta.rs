@@ -1,16 +1,24 @@
 //! Table definitions and the meta table: magic, format version, fingerprint secret, token
 //! counter. Layout in docs/design.md.
 
-use redb::{Database, MultimapTableHandle, ReadableDatabase, TableDefinition, TableHandle};
+use redb::{
+    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
+};
 
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
+use crate::record::{Record, RecordState};
 
 /// Prefix of every table idemdb owns; callers' business tables may not use it.
 pub(crate) const RESERVED_PREFIX: &str = "idemdb_";
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
+/// Finished records: COMPLETED and FAILED only.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_records");
+/// IN_PROGRESS records only. Kept apart because it stays small (bounded by the work in flight):
+/// a batch of reservations dirties a few of its pages instead of one random leaf of the big
+/// table each.
+pub(crate) const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inflight");
 
 const MAGIC_KEY: &str = "magic";
 const VERSION_KEY: &str = "format_version";
@@ -18,8 +26,9 @@ const SECRET_KEY: &str = "fingerprint_secret";
 pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
 
 const MAGIC: &[u8] = b"idemdb\0\x01";
-/// The on-disk format this build writes and the newest it reads.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build writes and the newest it reads. Version 1 kept IN_PROGRESS
+/// records in the records table; it is upgraded on open.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// What open() reads from, or writes to, a database's meta table.
 pub(crate) struct Meta {
@@ -31,7 +40,10 @@ pub(crate) struct Meta {
 /// Reads the meta table, creating it in an empty database. A database with other tables and
 /// no meta table is not ours.
 pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
-    if let Some(meta) = load(db)? {
+    if let Some((meta, version)) = load(db)? {
+        if version == 1 {
+            upgrade_from_1(db)?;
+        }
         return Ok(meta);
     }
     let txn = db.begin_write()?;
@@ -55,6 +67,7 @@ pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
         meta.insert(SECRET_KEY, &secret[..])?;
         meta.insert(NEXT_TOKEN_KEY, &1u64.to_le_bytes()[..])?;
         txn.open_table(RECORDS)?;
+        txn.open_table(INFLIGHT)?;
     }
     txn.commit()?;
     Ok(Meta {
@@ -63,7 +76,32 @@ pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
     })
 }
 
-fn load(db: &Database) -> Result<Option<Meta>, Error> {
+/// Version 1 → 2: IN_PROGRESS records move from the records table to the in-flight table, in
+/// one durable transaction with the version change (a crash leaves version 1 intact).
+fn upgrade_from_1(db: &Database) -> Result<(), Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut records = txn.open_table(RECORDS)?;
+        let mut inflight = txn.open_table(INFLIGHT)?;
+        let mut moving = Vec::new();
+        for entry in records.iter()? {
+            let (k, v) = entry?;
+            if Record::decode(v.value())?.state == RecordState::InProgress {
+                moving.push((k.value().to_vec(), v.value().to_vec()));
+            }
+        }
+        for (k, v) in moving {
+            records.remove(k.as_slice())?;
+            inflight.insert(k.as_slice(), v.as_slice())?;
+        }
+        txn.open_table(META)?
+            .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
     let txn = db.begin_read()?;
     let meta = match txn.open_table(META) {
         Ok(t) => t,
@@ -107,10 +145,21 @@ fn load(db: &Database) -> Result<Option<Meta>, Error> {
         }
         other => Error::from(other),
     })?;
-    Ok(Some(Meta {
-        fingerprinter: Fingerprinter::new(secret),
-        next_token,
-    }))
+    if version >= 2 {
+        txn.open_table(INFLIGHT).map_err(|e| match e {
+            redb::TableError::TableDoesNotExist(_) => {
+                Error::Corrupted(format!("table {} is missing", INFLIGHT.name()))
+            }
+            other => Error::from(other),
+        })?;
+    }
+    Ok(Some((
+        Meta {
+            fingerprinter: Fingerprinter::new(secret),
+            next_token,
+        },
+        version,
+    )))
 }
 
 fn fixed<const N: usize>(bytes: &[u8], what: &str) -> Result<[u8; N], Error> {

@@ -13,7 +13,7 @@ use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadableDatabase};
 
 use crate::error::Error;
-use crate::meta::RECORDS;
+use crate::meta::{INFLIGHT, RECORDS};
 use crate::record::Record;
 use crate::scope::RecordKey;
 use crate::shard::{SHARDS, shard_index};
@@ -21,11 +21,27 @@ use crate::writer::load;
 
 type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 
+/// Both record tables of one read transaction.
+struct Tables {
+    finished: RecordsTable,
+    inflight: RecordsTable,
+}
+
+impl Tables {
+    fn open(db: &Database) -> Result<Tables, Error> {
+        let txn = db.begin_read()?;
+        Ok(Tables {
+            finished: txn.open_table(RECORDS)?,
+            inflight: txn.open_table(INFLIGHT)?,
+        })
+    }
+}
+
 /// Copies of the current snapshot, one per shard (shard.rs), each on its own cache lines:
 /// readers on different threads take different read locks, so concurrent replays share no
 /// written memory.
 #[repr(align(128))]
-struct Shard(RwLock<Option<Arc<RecordsTable>>>);
+struct Shard(RwLock<Option<Arc<Tables>>>);
 
 pub(crate) struct Snapshots {
     db: Arc<Database>,
@@ -46,12 +62,7 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
-        let fresh = self
-            .db
-            .begin_read()
-            .ok()
-            .and_then(|txn| txn.open_table(RECORDS).ok())
-            .map(Arc::new);
+        let fresh = Tables::open(&self.db).ok().map(Arc::new);
         for shard in &self.shards {
             *shard.0.write() = fresh.clone();
         }
@@ -61,10 +72,11 @@ impl Snapshots {
     pub(crate) fn load(&self, key: &RecordKey) -> Result<Option<Record>, Error> {
         let shard = self.shards[shard_index()].0.read();
         match &*shard {
-            Some(table) => load(&**table, key),
+            Some(t) => load(&t.finished, &t.inflight, key),
             None => {
                 drop(shard);
-                load(&self.db.begin_read()?.open_table(RECORDS)?, key)
+                let t = Tables::open(&self.db)?;
+                load(&t.finished, &t.inflight, key)
             }
         }
     }

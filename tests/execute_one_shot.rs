@@ -404,6 +404,7 @@ fn reserved_table_names_are_refused_inside_the_closure() {
             for def in [
                 TableDefinition::<&str, &[u8]>::new("idemdb_meta"),
                 TableDefinition::<&str, &[u8]>::new("idemdb_records"),
+                TableDefinition::<&str, &[u8]>::new("idemdb_inflight"),
             ] {
                 results.push(tx.open_table(def).map(|_| ()));
             }
@@ -423,7 +424,12 @@ fn reserved_table_names_are_refused_inside_the_closure() {
         other => panic!("expected ReservedTableName, got {other:?}"),
     }
     let others = others.lock().unwrap();
-    let expected = ["idemdb_meta", "idemdb_records", "idemdb_mm"];
+    let expected = [
+        "idemdb_meta",
+        "idemdb_records",
+        "idemdb_inflight",
+        "idemdb_mm",
+    ];
     assert_eq!(others.len(), expected.len());
     for (result, want) in others.iter().zip(expected) {
         match result {

@@ -12,7 +12,7 @@ use redb::{ReadableTable, TableDefinition};
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
 use crate::error::Error;
-use crate::meta::RECORDS;
+use crate::meta::{INFLIGHT, RECORDS};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, Scope};
@@ -397,13 +397,19 @@ pub fn check_recovered(
         summary.acked_calls += log.acked_calls;
         summary.in_flight += u64::from(log.in_flight.is_some());
     }
-    let all = read.open_table(RECORDS).map_err(|e| e.to_string())?;
-    for entry in all.iter().map_err(|e| e.to_string())? {
-        let (_, v) = entry.map_err(|e| e.to_string())?;
-        Record::decode(v.value()).map_err(|e| format!("a stored record fails to decode: {e}"))?;
-        summary.records_scanned += 1;
+    for (table, in_progress) in [(RECORDS, false), (INFLIGHT, true)] {
+        let all = read.open_table(table).map_err(|e| e.to_string())?;
+        for entry in all.iter().map_err(|e| e.to_string())? {
+            let (_, v) = entry.map_err(|e| e.to_string())?;
+            let rec = Record::decode(v.value())
+                .map_err(|e| format!("a stored record fails to decode: {e}"))?;
+            if (rec.state == RecordState::InProgress) != in_progress {
+                return Err(format!("a {:?} record in the wrong table", rec.state));
+            }
+            summary.records_scanned += 1;
+        }
     }
-    drop((rows, all, read));
+    drop((rows, read));
     let probe = Key::new(format!("probe-{}", db.clock.now_ms()));
     match db.reserve(&scope(), &probe, b"probe", LONG_LEASE) {
         Ok(ReserveOutcome::Acquired(r)) if r.token().get() > max_token => Ok(summary),

@@ -59,7 +59,39 @@ impl Applied {
     }
 }
 
-type Records<'t> = Table<'t, &'static [u8], &'static [u8]>;
+type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
+
+/// The two record tables of one write transaction (meta.rs): finished records and IN_PROGRESS
+/// ones. Invariant: a key is in at most one of them.
+pub(crate) struct Records<'t> {
+    pub(crate) finished: Table2<'t>,
+    pub(crate) inflight: Table2<'t>,
+}
+
+impl Records<'_> {
+    fn load(&self, key: &RecordKey) -> Result<Option<Record>, Error> {
+        load(&self.finished, &self.inflight, key)
+    }
+
+    /// Writes `rec` to the table its state belongs in. A record only ever moves from
+    /// IN_PROGRESS to finished, never back.
+    fn store(&mut self, key: &RecordKey, rec: &Record) -> Result<(), Error> {
+        let bytes = rec.encode();
+        if rec.state == RecordState::InProgress {
+            self.inflight.insert(key.as_bytes(), bytes.as_slice())?;
+        } else {
+            self.inflight.remove(key.as_bytes())?;
+            self.finished.insert(key.as_bytes(), bytes.as_slice())?;
+        }
+        Ok(())
+    }
+
+    /// Removes an IN_PROGRESS record (release).
+    fn remove(&mut self, key: &RecordKey) -> Result<(), Error> {
+        self.inflight.remove(key.as_bytes())?;
+        Ok(())
+    }
+}
 
 pub(crate) fn apply(
     op: WriteOp,
@@ -89,13 +121,13 @@ fn try_apply(
             fingerprint,
             lease_ms,
         } => {
-            let existing = load(records, &key)?;
+            let existing = records.load(&key)?;
             let decision = decide(existing.as_ref(), fingerprint, ctx.now_ms);
             let acquired = match decision {
                 Decision::Acquire | Decision::TakeOver => {
                     let lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
                     let rec = acquire(existing, fingerprint, lease_expires_at, ctx)?;
-                    store(records, &key, &rec)?;
+                    records.store(&key, &rec)?;
                     Reservation {
                         record_key: key,
                         token: rec.token,
@@ -121,7 +153,7 @@ fn try_apply(
             response,
             business,
         } => {
-            let existing = load(records, &key)?;
+            let existing = records.load(&key)?;
             if let Err(e) = check_owner(existing.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
@@ -136,15 +168,15 @@ fn try_apply(
             rec.state = state;
             rec.updated_at = ctx.now_ms;
             rec.response = response;
-            store(records, &key, &rec)?;
+            records.store(&key, &rec)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         WriteOp::Release { key, token } => {
-            let existing = load(records, &key)?;
+            let existing = records.load(&key)?;
             if let Err(e) = check_owner(existing.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
-            records.remove(key.as_bytes())?;
+            records.remove(&key)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         WriteOp::Extend {
@@ -152,14 +184,14 @@ fn try_apply(
             token,
             lease_ms,
         } => {
-            let existing = load(records, &key)?;
+            let existing = records.load(&key)?;
             if let Err(e) = check_owner(existing.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
             let mut rec = existing.ok_or(Error::UnknownRecord)?;
             rec.lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
             rec.updated_at = ctx.now_ms;
-            store(records, &key, &rec)?;
+            records.store(&key, &rec)?;
             Ok(Applied::changed(OpOutput::Extended {
                 lease_expires_at: rec.lease_expires_at,
             }))
@@ -169,7 +201,7 @@ fn try_apply(
             fingerprint,
             body,
         } => {
-            let existing = load(records, &key)?;
+            let existing = records.load(&key)?;
             let decision = decide(existing.as_ref(), fingerprint, ctx.now_ms);
             if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
                 let out = match replay(decision, existing) {
@@ -201,7 +233,7 @@ fn try_apply(
             };
             rec.state = state;
             rec.response = response;
-            store(records, &key, &rec)?;
+            records.store(&key, &rec)?;
             Ok(Applied::changed(OpOutput::Executed(
                 ExecuteOutcome::Executed(outcome),
             )))
@@ -263,17 +295,18 @@ pub(crate) fn replay(decision: Decision, existing: Option<Record>) -> ReserveOut
     }
 }
 
+/// The record for `key` in a pair of record tables (a write transaction's or a snapshot's).
 pub(crate) fn load(
-    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    finished: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    inflight: &impl ReadableTable<&'static [u8], &'static [u8]>,
     key: &RecordKey,
 ) -> Result<Option<Record>, Error> {
-    match records.get(key.as_bytes())? {
+    let stored = match finished.get(key.as_bytes())? {
+        Some(v) => Some(v),
+        None => inflight.get(key.as_bytes())?,
+    };
+    match stored {
         Some(v) => Ok(Some(Record::decode(v.value())?)),
         None => Ok(None),
     }
-}
-
-fn store(records: &mut Records<'_>, key: &RecordKey, rec: &Record) -> Result<(), Error> {
-    records.insert(key.as_bytes(), rec.encode().as_slice())?;
-    Ok(())
 }

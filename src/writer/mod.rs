@@ -26,13 +26,13 @@ use crate::clock::Clock;
 use crate::config::{Limits, WriterConfig};
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
-use crate::meta::{META, NEXT_TOKEN_KEY, RECORDS};
+use crate::meta::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS};
 use crate::scope::RecordKey;
 use crate::snapshot::Snapshots;
 use crate::stats::StatsCollector;
 use crate::wait::WaitRegistry;
 
-use apply::{Applied, Ctx, apply};
+use apply::{Applied, Ctx, Records, apply};
 pub(crate) use apply::{load, replay};
 use op::{OpOutput, WriteOp};
 use queue::{Job, Queue};
@@ -233,7 +233,10 @@ impl Writer {
         }
         let mut applied = Vec::with_capacity(ops.len());
         {
-            let mut records = txn.open_table(RECORDS)?;
+            let mut records = Records {
+                finished: txn.open_table(RECORDS)?,
+                inflight: txn.open_table(INFLIGHT)?,
+            };
             for op in ops {
                 applied.push(apply(op, &txn, &mut records, ctx));
             }
