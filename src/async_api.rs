@@ -16,11 +16,11 @@ use crate::error::{Error, ExecuteError};
 use crate::fingerprint::Payload;
 use crate::ops::{
     Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
-    is_fenced_db, lease_ms, reserve_answer,
+    is_fenced_db, reserve_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
-use crate::scope::{Key, RecordKey, Scope};
+use crate::scope::{Key, Scope};
 use crate::stats::Counter;
 use crate::timer::Timer;
 use crate::token::Reservation;
@@ -69,28 +69,24 @@ impl IdemDb {
         lease: Duration,
         timeout: Duration,
     ) -> Result<ReserveOutcome, Error> {
-        let record_key = RecordKey::encode(scope, key, self.limits())?;
-        let lease_ms = lease_ms(lease)?;
-        let fingerprint = self.fingerprinter.resolve(payload.into());
-        let deadline = Instant::now().checked_add(timeout);
-        let waiter = self.writer.waits.register(&record_key);
+        let wait = self.prepare_wait(scope, key, payload.into(), lease, timeout)?;
+        let waiter = self.writer.waits.register(&wait.key);
         loop {
             let seen = waiter.generation();
-            let outcome =
-                match self.prepare_reserve_encoded(record_key.clone(), fingerprint, lease_ms)? {
-                    Prepared::Answer(outcome) => outcome,
-                    Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?)?,
-                };
-            let ReserveOutcome::InProgress { retry_after } = outcome else {
-                return self.counted_reserve(Ok(outcome));
+            let outcome = match self.prepare_reserve_encoded(
+                wait.key.clone(),
+                wait.fingerprint,
+                wait.lease_ms,
+            )? {
+                Prepared::Answer(outcome) => outcome,
+                Prepared::Submit(op) => reserve_answer(self.writer.submit_async(op).await?)?,
             };
-            let now = Instant::now();
-            let until = match (deadline, now.checked_add(retry_after)) {
-                (Some(d), _) if d <= now => return self.counted_reserve(Ok(outcome)),
-                (Some(d), Some(l)) => d.min(l),
-                (Some(d), None) => d,
-                (None, Some(l)) => l,
-                (None, None) => now + Duration::from_secs(3600),
+            let until = match &outcome {
+                ReserveOutcome::InProgress { retry_after } => wait.next_look(*retry_after),
+                _ => None,
+            };
+            let Some(until) = until else {
+                return self.counted_reserve(Ok(outcome));
             };
             WaitUntil {
                 waiter: &waiter,

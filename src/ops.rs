@@ -4,7 +4,7 @@
 
 use std::panic::resume_unwind;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -21,6 +21,31 @@ use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
 use crate::writer::replay;
+
+/// A `reserve_or_wait` under way: what each attempt reserves, and until when it may wait.
+pub(crate) struct Wait {
+    pub(crate) key: RecordKey,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) lease_ms: u64,
+    deadline: Option<Instant>,
+}
+
+impl Wait {
+    /// After an attempt found the intent in progress with `retry_after` left on the owner's
+    /// lease: when to look again (the lease's end or the timeout, whichever comes first), or
+    /// `None` once the timeout has passed.
+    pub(crate) fn next_look(&self, retry_after: Duration) -> Option<Instant> {
+        let now = Instant::now();
+        let lease_end = now.checked_add(retry_after);
+        match (self.deadline, lease_end) {
+            (Some(d), _) if d <= now => None,
+            (Some(d), Some(l)) => Some(d.min(l)),
+            (Some(d), None) => Some(d),
+            (None, Some(l)) => Some(l),
+            (None, None) => Some(now + Duration::from_secs(3600)),
+        }
+    }
+}
 
 /// An answer that needed no write, or the op the writer must apply.
 pub(crate) enum Prepared<T> {
@@ -44,6 +69,22 @@ impl IdemDb {
         let lease_ms = lease_ms(lease)?;
         let fingerprint = self.fingerprinter.resolve(payload);
         self.prepare_reserve_encoded(record_key, fingerprint, lease_ms)
+    }
+
+    pub(crate) fn prepare_wait(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: Payload<'_>,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Wait, Error> {
+        Ok(Wait {
+            key: RecordKey::encode(scope, key, self.limits())?,
+            lease_ms: lease_ms(lease)?,
+            fingerprint: self.fingerprinter.resolve(payload),
+            deadline: Instant::now().checked_add(timeout),
+        })
     }
 
     pub(crate) fn prepare_reserve_encoded(
