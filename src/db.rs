@@ -217,19 +217,11 @@ impl IdemDb {
         let waiter = self.writer.waits.register(&wait.key);
         loop {
             let seen = waiter.generation();
-            let outcome = match self.prepare_reserve_encoded(
-                wait.key.clone(),
-                wait.fingerprint,
-                wait.lease_ms,
-            )? {
+            let outcome = match self.prepare_attempt(&wait)? {
                 Prepared::Answer(outcome) => outcome,
                 Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?)?,
             };
-            let until = match &outcome {
-                ReserveOutcome::InProgress { retry_after } => wait.next_look(*retry_after),
-                _ => None,
-            };
-            let Some(until) = until else {
+            let Some(until) = wait.next_look(&outcome) else {
                 return self.counted_reserve(Ok(outcome));
             };
             waiter.wait_past(seen, until);

@@ -31,10 +31,13 @@ pub(crate) struct Wait {
 }
 
 impl Wait {
-    /// After an attempt found the intent in progress with `retry_after` left on the owner's
-    /// lease: when to look again (the lease's end or the timeout, whichever comes first), or
-    /// `None` once the timeout has passed.
-    pub(crate) fn next_look(&self, retry_after: Duration) -> Option<Instant> {
+    /// After an attempt answered `outcome`: when to look again (if the intent is in progress,
+    /// the owner's lease end or the timeout, whichever comes first), or `None` when the
+    /// caller is answered now.
+    pub(crate) fn next_look(&self, outcome: &ReserveOutcome) -> Option<Instant> {
+        let ReserveOutcome::InProgress { retry_after } = *outcome else {
+            return None;
+        };
         let now = Instant::now();
         let lease_end = now.checked_add(retry_after);
         match (self.deadline, lease_end) {
@@ -87,6 +90,11 @@ impl IdemDb {
         })
     }
 
+    /// One attempt of a wait: a reservation of its key.
+    pub(crate) fn prepare_attempt(&self, wait: &Wait) -> Result<Prepared<ReserveOutcome>, Error> {
+        self.prepare_reserve_encoded(wait.key.clone(), wait.fingerprint, wait.lease_ms)
+    }
+
     pub(crate) fn prepare_reserve_encoded(
         &self,
         key: RecordKey,
@@ -117,7 +125,7 @@ impl IdemDb {
         {
             return Ok(None);
         }
-        Ok(Some(replay(decision, existing)))
+        replay(decision, existing).map(Some)
     }
 
     pub(crate) fn prepare_finish(

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use idemdb::testing::{FaultBackend, KeyLog, Script, TearMode, check_recovered, run_script};
+use idemdb::testing::{FaultBackend, KeyLog, Script, TearMode, check_recovered, run_workload};
 use idemdb::{IdemDb, ManualClock};
 
 const THREADS: usize = 4;
@@ -32,28 +32,7 @@ fn run(sync: Option<(u64, TearMode)>, scripts_per_thread: usize) -> Run {
     if let Some((n, mode)) = sync {
         backend.crash_at_sync(n, mode);
     }
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (db, clock) = (Arc::clone(&db), clock.clone());
-            std::thread::spawn(move || {
-                let mut logs = Vec::new();
-                for i in 0..scripts_per_thread {
-                    let script = Script::ALL[(t * 3 + i) % Script::ALL.len()];
-                    let mut log = KeyLog::new(format!("t{t}-k{i}-{script:?}"));
-                    let finished = run_script(&db, &clock, script, &mut log);
-                    logs.push(log);
-                    if !finished {
-                        break;
-                    }
-                }
-                logs
-            })
-        })
-        .collect();
-    let logs: Vec<KeyLog> = threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("a workload thread panicked"))
-        .collect();
+    let logs = run_workload(&db, &clock, THREADS, scripts_per_thread);
     drop(db);
     let crashed = backend.crashed_image();
     Run {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemdb::testing::{Fault, FaultBackend, KeyLog, Script, check_recovered, run_script};
+use idemdb::testing::{Fault, FaultBackend, KeyLog, Script, check_recovered, run_workload};
 use idemdb::{Error, IdemDb, Key, ManualClock, ReserveOutcome, Scope};
 
 const THREADS: usize = 3;
@@ -22,27 +22,7 @@ fn run_with(fault: Fault) -> bool {
             .unwrap(),
     );
     backend.inject(fault);
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (db, clock) = (Arc::clone(&db), clock.clone());
-            std::thread::spawn(move || {
-                let mut logs = Vec::new();
-                for (i, script) in Script::ALL.iter().enumerate() {
-                    let mut log = KeyLog::new(format!("t{t}-k{i}"));
-                    let finished = run_script(&db, &clock, *script, &mut log);
-                    logs.push(log);
-                    if !finished {
-                        break;
-                    }
-                }
-                logs
-            })
-        })
-        .collect();
-    let logs: Vec<KeyLog> = threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("workload thread panicked"))
-        .collect();
+    let logs = run_workload(&db, &clock, THREADS, Script::ALL.len());
     let failed = logs.iter().any(KeyLog::had_call_in_flight);
     if !failed {
         // The workload ended before the fault: the probe below must not be the one to hit it.

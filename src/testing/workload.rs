@@ -5,6 +5,7 @@
 //! have happened entirely or not at all). After reopen, every key's record and business row
 //! must equal the acknowledged state or, for the in-flight call, the state it would have left.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redb::{ReadableTable, TableDefinition};
@@ -161,6 +162,40 @@ fn response(key: &str, step: &str) -> Vec<u8> {
 /// wrong answer before the crash is a bug and panics.
 pub fn run_script(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> bool {
     run(db, clock, script, log).is_some()
+}
+
+/// Runs `scripts_per_thread` keys on each of `threads` threads at once, so that group commit
+/// forms real batches. Thread `t` rotates through [`Script::ALL`] from `3 t`; a thread stops at
+/// its first failed call (the crash or fault struck). Returns every key's log.
+pub fn run_workload(
+    db: &Arc<IdemDb>,
+    clock: &ManualClock,
+    threads: usize,
+    scripts_per_thread: usize,
+) -> Vec<KeyLog> {
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (db, clock) = (Arc::clone(db), clock.clone());
+            std::thread::spawn(move || {
+                let mut logs = Vec::new();
+                for i in 0..scripts_per_thread {
+                    let script = Script::ALL[(t * 3 + i) % Script::ALL.len()];
+                    let mut log = KeyLog::new(format!("t{t}-k{i}-{script:?}"));
+                    let finished = run_script(&db, &clock, script, &mut log);
+                    logs.push(log);
+                    if !finished {
+                        break;
+                    }
+                }
+                logs
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        // A panic is a wrong answer before the crash: the bug the workload looks for.
+        .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect()
 }
 
 fn reserve(db: &IdemDb, log: &mut KeyLog, lease: Duration, takeover: bool) -> Option<Reservation> {

@@ -137,9 +137,8 @@ fn try_apply(
                     }
                 }
                 other => {
-                    return Ok(Applied::answer(Ok(OpOutput::Reserved(replay(
-                        other, existing,
-                    )))));
+                    let answer = replay(other, existing).map(OpOutput::Reserved);
+                    return Ok(Applied::answer(answer));
                 }
             };
             Ok(Applied::changed(OpOutput::Reserved(
@@ -204,7 +203,7 @@ fn try_apply(
             let existing = records.load(&key)?;
             let decision = decide(existing.as_ref(), fingerprint, ctx.now_ms);
             if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
-                let out = match replay(decision, existing) {
+                let out = match replay(decision, existing)? {
                     ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
                     ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
                     ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
@@ -280,19 +279,24 @@ fn acquire(
 }
 
 /// The answer for a decision that writes nothing.
-pub(crate) fn replay(decision: Decision, existing: Option<Record>) -> ReserveOutcome {
-    match (decision, existing) {
+pub(crate) fn replay(
+    decision: Decision,
+    existing: Option<Record>,
+) -> Result<ReserveOutcome, Error> {
+    Ok(match (decision, existing) {
         (Decision::Mismatch, _) => ReserveOutcome::Mismatch,
         (Decision::ReplayCompleted, Some(rec)) => ReserveOutcome::Completed(rec.response),
         (Decision::ReplayFailed, Some(rec)) => ReserveOutcome::Failed(rec.response),
         (Decision::InProgress { retry_after_ms }, _) => ReserveOutcome::InProgress {
             retry_after: Duration::from_millis(retry_after_ms),
         },
-        // decide() returns a replay only for an existing record, and never an acquisition here.
-        _ => ReserveOutcome::InProgress {
-            retry_after: Duration::ZERO,
-        },
-    }
+        // decide() replays only an existing record and never calls this for an acquisition.
+        (other, _) => {
+            return Err(Error::Corrupted(format!(
+                "internal: {other:?} is not a replay"
+            )));
+        }
+    })
 }
 
 /// The record for `key` in a pair of record tables (a write transaction's or a snapshot's).
