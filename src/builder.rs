@@ -9,6 +9,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Limits, WriterConfig};
 use crate::db::IdemDb;
 use crate::error::Error;
+use crate::retention::Retention;
 
 /// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
 ///
@@ -31,6 +32,7 @@ pub struct Builder {
     writer: WriterConfig,
     cache_size: Option<usize>,
     verify_on_open: bool,
+    retention: Retention,
 }
 
 impl Default for Builder {
@@ -41,6 +43,7 @@ impl Default for Builder {
             writer: WriterConfig::default(),
             cache_size: None,
             verify_on_open: true,
+            retention: Retention::default(),
         }
     }
 }
@@ -88,6 +91,20 @@ impl Builder {
         self
     }
 
+    /// Retention: TTLs, partition width, beyond-horizon recognition and the background
+    /// compactor (default: [`Retention::default`], a 24-hour TTL).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Shortcut for the default TTL of [`retention`](Self::retention): how long a record
+    /// counts as a duplicate after its last change.
+    pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.retention.default_ttl = ttl;
+        self
+    }
+
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
@@ -101,19 +118,36 @@ impl Builder {
     /// error if another handle has the file open.
     pub fn open(self, path: impl AsRef<Path>) -> Result<IdemDb, Error> {
         self.limits.validate()?;
+        self.retention.validate()?;
+        let path = path.as_ref();
         let db = self.redb_builder().create(path).map_err(open_error)?;
-        IdemDb::from_parts(db, self.clock, self.limits, self.writer)
+        IdemDb::from_parts(
+            db,
+            self.clock,
+            self.limits,
+            self.writer,
+            self.retention,
+            Some(path.to_path_buf()),
+        )
     }
 
     /// Opens the database over any [`redb::StorageBackend`], e.g. an in-memory or a
     /// fault-injecting one, creating it if the backend is empty.
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<IdemDb, Error> {
         self.limits.validate()?;
+        self.retention.validate()?;
         let db = self
             .redb_builder()
             .create_with_backend(backend)
             .map_err(open_error)?;
-        IdemDb::from_parts(db, self.clock, self.limits, self.writer)
+        IdemDb::from_parts(
+            db,
+            self.clock,
+            self.limits,
+            self.writer,
+            self.retention,
+            None,
+        )
     }
 
     fn redb_builder(&self) -> redb::Builder {

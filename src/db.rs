@@ -9,23 +9,26 @@ use redb::{Database, ReadTransaction, ReadableDatabase};
 
 use crate::builder::Builder;
 use crate::clock::Clock;
+use crate::compactor::{CompactionReport, Compactor, compact};
 use crate::config::{Limits, WriterConfig};
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
-use crate::meta;
+use crate::locate::Layout;
+use crate::meta::{self, INFLIGHT};
 use crate::ops::{
     Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
     is_fenced_db, reserve_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
+use crate::retention::Retention;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::Counter;
 use crate::stats::Stats;
 use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
-use crate::writer::Writer;
+use crate::writer::{Writer, refuse_reentry};
 
 /// An idempotency store in one redb file.
 ///
@@ -66,8 +69,12 @@ pub struct IdemDb {
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) clock: Arc<dyn Clock>,
     committer: Option<JoinHandle<()>>,
+    compactor: Option<Compactor>,
     /// Started by the first async wait that needs a deadline.
     timer: OnceLock<Timer>,
+    retention: Retention,
+    /// The file, when opened by path (for its size in `stats`).
+    file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for IdemDb {
@@ -81,6 +88,9 @@ impl fmt::Debug for IdemDb {
 impl Drop for IdemDb {
     /// Answers every queued operation (of dropped async callers) before the file closes.
     fn drop(&mut self) {
+        if let Some(mut compactor) = self.compactor.take() {
+            compactor.stop();
+        }
         self.writer.shutdown();
         if let Some(committer) = self.committer.take() {
             // A panic there already poisoned the writer; nothing is left to answer.
@@ -105,8 +115,12 @@ impl IdemDb {
         clock: Arc<dyn Clock>,
         limits: Limits,
         config: WriterConfig,
+        retention: Retention,
+        file: Option<std::path::PathBuf>,
     ) -> Result<IdemDb, Error> {
-        let meta = meta::load_or_init(&db)?;
+        let rules = retention.rules();
+        let meta = meta::load_or_init(&db, &rules)?;
+        let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
         let db = Arc::new(db);
         let writer = Arc::new(Writer::new(
             Arc::clone(&db),
@@ -114,6 +128,7 @@ impl IdemDb {
             limits,
             config,
             meta.next_token,
+            Arc::new(layout),
         ));
         let committer = {
             let writer = Arc::clone(&writer);
@@ -122,13 +137,24 @@ impl IdemDb {
                 .spawn(move || writer.run_committer())
                 .map_err(|e| Error::Poisoned(format!("cannot start the committer thread: {e}")))?
         };
+        let compactor = match retention.compact_interval {
+            Some(interval) => Some(Compactor::start(
+                Arc::clone(&writer),
+                Arc::clone(&clock),
+                interval,
+            )?),
+            None => None,
+        };
         Ok(IdemDb {
             db,
             writer,
             fingerprinter: meta.fingerprinter,
             clock,
             committer: Some(committer),
+            compactor,
             timer: OnceLock::new(),
+            retention,
+            file,
         })
     }
 
@@ -165,7 +191,76 @@ impl IdemDb {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        self.writer.stats.snapshot()
+        let mut stats = self.writer.stats.snapshot();
+        let layout = &self.writer.layout;
+        let catalog = layout.partitions.catalog();
+        stats.partitions = catalog.parts().len() as u64;
+        stats.horizon_keys = layout.horizon.len() as u64;
+        stats.indexed_keys = layout.index.len() as u64;
+        if let Ok(txn) = self.db.begin_read() {
+            use redb::ReadableTableMetadata;
+            let len = |t: Result<redb::ReadOnlyTable<&[u8], &[u8]>, redb::TableError>| {
+                t.ok().and_then(|t| t.len().ok()).unwrap_or(0)
+            };
+            stats.in_flight_records = len(txn.open_table(INFLIGHT));
+            stats.stored_records = stats.in_flight_records
+                + catalog
+                    .parts()
+                    .iter()
+                    .map(|p| len(txn.open_table(p.table())))
+                    .sum::<u64>();
+        }
+        stats.bytes_on_disk = match &self.file {
+            Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            None => 0,
+        };
+        stats
+    }
+
+    /// Runs one compaction pass now, on this thread, at the database clock's time: drops
+    /// every partition whose records have all expired (keeping their keys' tags for
+    /// beyond-horizon recognition), removes abandoned IN_PROGRESS records, and retires horizon
+    /// sets that ran out. Each step is a short durable transaction between the writer's
+    /// batches; the background compactor does the same every
+    /// [`Retention::compact_interval`].
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let db = IdemDb::builder()
+    ///     .clock(clock.clone())
+    ///     .retention(
+    ///         Retention::default()
+    ///             .ttl(Duration::from_secs(600))
+    ///             .partition_width(Duration::from_secs(600)),
+    ///     )
+    ///     .open(dir.path().join("db"))?;
+    /// let (scope, key) = (Scope::new("op", "p"), Key::new("k"));
+    /// let lease = Duration::from_secs(5);
+    /// if let ReserveOutcome::Acquired(r) = db.reserve(&scope, &key, b"x", lease)? {
+    ///     db.complete(&r, b"done".to_vec())?;
+    /// }
+    /// // Past the TTL (and the partition's window): the record is dropped with its partition.
+    /// clock.advance(Duration::from_secs(30 * 60));
+    /// let report = db.compact_now()?;
+    /// assert_eq!((report.partitions_dropped, report.records_expired), (1, 1));
+    /// // Gone, but recognised for 4 TTLs: a redrive this late is flagged, not silently re-run.
+    /// match db.reserve(&scope, &key, b"x", lease)? {
+    ///     ReserveOutcome::Acquired(r) => assert!(r.is_beyond_horizon()),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn compact_now(&self) -> Result<CompactionReport, Error> {
+        refuse_reentry()?;
+        compact(&self.writer, self.clock.now_ms())
+    }
+
+    /// The retention in force.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
     }
 
     /// The fingerprint of `payload` under this database's secret, as `reserve` computes it.
@@ -370,7 +465,11 @@ impl IdemDb {
     pub fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         let record_key = RecordKey::encode(scope, key, self.limits())?;
         loop {
-            let record = self.writer.snapshots.load(&record_key)?;
+            let record = self
+                .writer
+                .snapshots
+                .find(&record_key, self.clock.now_ms())?
+                .live;
             match self.writer.durability.pending_for(&record_key) {
                 None => return Ok(record),
                 Some(seq) => self.writer.durability.wait(seq)?,

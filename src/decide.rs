@@ -77,6 +77,7 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             attempts: 1,
+            expires_at: u64::MAX,
             response: Vec::new(),
         }
     }

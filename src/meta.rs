@@ -7,13 +7,18 @@ use redb::{
 
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
+use crate::horizon::HORIZON;
+use crate::partition::Partition;
 use crate::record::{Record, RecordState};
+use crate::retention::Rules;
+use crate::scope::RecordKey;
 
 /// Prefix of every table idemdb owns; callers' business tables may not use it.
 pub(crate) const RESERVED_PREFIX: &str = "idemdb_";
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
-/// Finished records: COMPLETED and FAILED only.
+/// Format 2's table of finished records; format 3 keeps them in time partitions
+/// (partition.rs). Read only by the upgrade.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_records");
 /// IN_PROGRESS records only. Kept apart because it stays small (bounded by the work in flight):
 /// a batch of reservations dirties a few of its pages instead of one random leaf of the big
@@ -27,22 +32,28 @@ pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
 
 const MAGIC: &[u8] = b"idemdb\0\x01";
 /// The on-disk format this build writes and the newest it reads. Version 1 kept IN_PROGRESS
-/// records in the records table; it is upgraded on open.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// records in the records table; version 2 kept finished records in one table, without
+/// expiry. Both are upgraded on open.
+pub(crate) const FORMAT_VERSION: u32 = 3;
 
 /// What open() reads from, or writes to, a database's meta table.
 pub(crate) struct Meta {
     pub(crate) fingerprinter: Fingerprinter,
     /// The next fencing token to issue; every issued token is below it.
     pub(crate) next_token: u64,
+    /// Seed of the key index's hash, derived from the secret.
+    pub(crate) index_seed: u64,
 }
 
 /// Reads the meta table, creating it in an empty database. A database with other tables and
 /// no meta table is not ours.
-pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
+pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> {
     if let Some((meta, version)) = load(db)? {
         if version == 1 {
             upgrade_from_1(db)?;
+        }
+        if version <= 2 {
+            upgrade_from_2(db, rules)?;
         }
         return Ok(meta);
     }
@@ -66,14 +77,19 @@ pub(crate) fn load_or_init(db: &Database) -> Result<Meta, Error> {
         meta.insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
         meta.insert(SECRET_KEY, &secret[..])?;
         meta.insert(NEXT_TOKEN_KEY, &1u64.to_le_bytes()[..])?;
-        txn.open_table(RECORDS)?;
         txn.open_table(INFLIGHT)?;
+        txn.open_table(HORIZON)?;
     }
     txn.commit()?;
     Ok(Meta {
+        index_seed: index_seed(&secret),
         fingerprinter: Fingerprinter::new(secret),
         next_token: 1,
     })
+}
+
+fn index_seed(secret: &[u8; SECRET_LEN]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0001)
 }
 
 /// Version 1 → 2: IN_PROGRESS records move from the records table to the in-flight table, in
@@ -95,8 +111,54 @@ fn upgrade_from_1(db: &Database) -> Result<(), Error> {
             inflight.insert(k.as_slice(), v.as_slice())?;
         }
         txn.open_table(META)?
+            .insert(VERSION_KEY, &2u32.to_le_bytes()[..])?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Version 2 → 3: every record gets its expiry under today's retention and is rewritten in the
+/// current record version; finished records move to the time partition of their last change,
+/// the format-2 records table is dropped. One durable transaction, as above.
+fn upgrade_from_2(db: &Database, rules: &Rules) -> Result<(), Error> {
+    let txn = db.begin_write()?;
+    {
+        let records = txn.open_table(RECORDS)?;
+        let mut parts = std::collections::HashMap::new();
+        for entry in records.iter()? {
+            let (k, v) = entry?;
+            let key = RecordKey::from_stored(k.value());
+            let mut rec = Record::decode(v.value())?;
+            let ttl = rules.ttl_ms(&key);
+            rec.expires_at = rec.updated_at.saturating_add(ttl);
+            let start = rec.updated_at - rec.updated_at % rules.width_ms.max(1);
+            let name = Partition::name_for(start, rules.width_ms, ttl);
+            let part = match parts.entry(name) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(e.key()))?;
+                    e.insert(table)
+                }
+            };
+            part.insert(k.value(), rec.encode().as_slice())?;
+        }
+        let mut inflight = txn.open_table(INFLIGHT)?;
+        let mut rewritten = Vec::new();
+        for entry in inflight.iter()? {
+            let (k, v) = entry?;
+            let key = RecordKey::from_stored(k.value());
+            let mut rec = Record::decode(v.value())?;
+            rec.expires_at = rec.lease_expires_at.saturating_add(rules.ttl_ms(&key));
+            rewritten.push((k.value().to_vec(), rec.encode()));
+        }
+        for (k, v) in rewritten {
+            inflight.insert(k.as_slice(), v.as_slice())?;
+        }
+        txn.open_table(HORIZON)?;
+        txn.open_table(META)?
             .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
     }
+    txn.delete_table(RECORDS)?;
     txn.commit()?;
     Ok(())
 }
@@ -138,23 +200,26 @@ fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
     if next_token == 0 {
         return Err(Error::Corrupted("next_token is 0".into()));
     }
-    // The records table must exist and have our types; open() fails clearly otherwise.
-    txn.open_table(RECORDS).map_err(|e| match e {
-        redb::TableError::TableDoesNotExist(_) => {
-            Error::Corrupted(format!("table {} is missing", RECORDS.name()))
+    // The tables of its version must exist and have our types; open() fails clearly
+    // otherwise.
+    let required = [
+        (RECORDS, version <= 2),
+        (INFLIGHT, version >= 2),
+        (HORIZON, version >= 3),
+    ];
+    for (table, needed) in required {
+        if needed {
+            txn.open_table(table).map_err(|e| match e {
+                redb::TableError::TableDoesNotExist(_) => {
+                    Error::Corrupted(format!("table {} is missing", table.name()))
+                }
+                other => Error::from(other),
+            })?;
         }
-        other => Error::from(other),
-    })?;
-    if version >= 2 {
-        txn.open_table(INFLIGHT).map_err(|e| match e {
-            redb::TableError::TableDoesNotExist(_) => {
-                Error::Corrupted(format!("table {} is missing", INFLIGHT.name()))
-            }
-            other => Error::from(other),
-        })?;
     }
     Ok(Some((
         Meta {
+            index_seed: index_seed(&secret),
             fingerprinter: Fingerprinter::new(secret),
             next_token,
         },

@@ -118,8 +118,9 @@ impl IdemDb {
         key: &RecordKey,
         fingerprint: Fingerprint,
     ) -> Result<Option<ReserveOutcome>, Error> {
-        let existing = self.writer.snapshots.load(key)?;
-        let decision = decide(existing.as_ref(), fingerprint, self.clock.now_ms());
+        let now = self.clock.now_ms();
+        let existing = self.writer.snapshots.find(key, now)?.live;
+        let decision = decide(existing.as_ref(), fingerprint, now);
         if matches!(decision, Decision::Acquire | Decision::TakeOver)
             || self.writer.durability.pending_for(key).is_some()
         {
@@ -222,7 +223,7 @@ impl IdemDb {
             Ok(ReserveOutcome::Failed(_)) => stats.add(Counter::ReplaysFailed),
             Ok(ReserveOutcome::Mismatch) => stats.add(Counter::Mismatches),
             Ok(ReserveOutcome::InProgress { .. }) => stats.add(Counter::InProgress),
-            Err(_) => {}
+            Ok(ReserveOutcome::BeyondHorizon) | Err(_) => {}
         }
         result
     }
@@ -241,7 +242,7 @@ impl IdemDb {
             Ok(ExecuteOutcome::Failed(_)) => stats.add(Counter::ReplaysFailed),
             Ok(ExecuteOutcome::Mismatch) => stats.add(Counter::Mismatches),
             Ok(ExecuteOutcome::InProgress { .. }) => stats.add(Counter::InProgress),
-            Err(_) => {}
+            Ok(ExecuteOutcome::BeyondHorizon) | Err(_) => {}
         }
         result
     }
@@ -321,6 +322,7 @@ fn execute_replay(answer: ReserveOutcome) -> Result<ExecuteOutcome, Error> {
         ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
         ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
         ReserveOutcome::InProgress { retry_after } => ExecuteOutcome::InProgress { retry_after },
+        ReserveOutcome::BeyondHorizon => ExecuteOutcome::BeyondHorizon,
         ReserveOutcome::Acquired(_) => {
             return Err(Error::Corrupted(
                 "internal: a snapshot answered with an acquisition".into(),

@@ -25,6 +25,12 @@ pub enum ReserveOutcome {
         /// take it over.
         retry_after: Duration,
     },
+    /// The key's earlier record expired or was dropped and is still recognised (a redrive
+    /// older than the retention), and the policy is
+    /// [`BeyondHorizonPolicy::Refuse`](crate::BeyondHorizonPolicy::Refuse): nothing ran and
+    /// nothing was written. Under the default policy the key is acquired instead, flagged by
+    /// [`Reservation::is_beyond_horizon`].
+    BeyondHorizon,
 }
 
 /// How an execution ended, as decided by the caller: both are stored and replayed.
@@ -62,4 +68,7 @@ pub enum ExecuteOutcome {
         /// Time left on the owner's lease.
         retry_after: Duration,
     },
+    /// A recognised key beyond the retention, refused by policy; see
+    /// [`ReserveOutcome::BeyondHorizon`]. Nothing ran.
+    BeyondHorizon,
 }

@@ -4,11 +4,14 @@ use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::token::FencingToken;
 
-/// Version byte that starts every encoded record.
-pub(crate) const RECORD_VERSION: u8 = 1;
+/// Version byte that starts every encoded record. Version 1 (format 2) lacked `expires_at`; it
+/// is read only while a database is upgraded.
+pub(crate) const RECORD_VERSION: u8 = 2;
 /// Bytes before the response: version, state, fingerprint, token, lease, created, updated,
-/// attempts.
-pub(crate) const HEADER_LEN: usize = 1 + 1 + 16 + 8 + 8 + 8 + 8 + 4;
+/// attempts, expires.
+pub(crate) const HEADER_LEN: usize = 1 + 1 + 16 + 8 + 8 + 8 + 8 + 4 + 8;
+/// The header of a version-1 record: the same fields without `expires_at`.
+const HEADER_LEN_V1: usize = HEADER_LEN - 8;
 
 /// Where a record is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,6 +71,10 @@ pub struct Record {
     pub updated_at: u64,
     /// How many times the record has been acquired (1 + takeovers).
     pub attempts: u32,
+    /// When the record stops counting, ms since the epoch: its last change plus its
+    /// operation's TTL (for IN_PROGRESS, the lease's end plus the TTL). From then on it is
+    /// treated as absent, whether or not its partition was dropped yet.
+    pub expires_at: u64,
     /// The stored response of a COMPLETED or FAILED record, byte for byte; empty while
     /// IN_PROGRESS.
     pub response: Vec<u8>,
@@ -85,20 +92,24 @@ impl Record {
         out.extend_from_slice(&self.created_at.to_le_bytes());
         out.extend_from_slice(&self.updated_at.to_le_bytes());
         out.extend_from_slice(&self.attempts.to_le_bytes());
+        out.extend_from_slice(&self.expires_at.to_le_bytes());
         out.extend_from_slice(&self.response);
         out
     }
 
     /// Decodes a stored record; any malformed input is [`Error::Corrupted`], never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
+        let header_len = match bytes.first() {
+            Some(&RECORD_VERSION) => HEADER_LEN,
+            Some(1) => HEADER_LEN_V1,
+            Some(&version) => return Err(corrupt(format!("unknown record version {version}"))),
+            None => return Err(corrupt("record of 0 bytes".to_string())),
+        };
         let header = bytes
-            .get(..HEADER_LEN)
+            .get(..header_len)
             .ok_or_else(|| corrupt(format!("record of {} bytes is truncated", bytes.len())))?;
         let mut r = Reader(header);
         let version = r.u8();
-        if version != RECORD_VERSION {
-            return Err(corrupt(format!("unknown record version {version}")));
-        }
         let state_byte = r.u8();
         let state = RecordState::from_byte(state_byte)
             .ok_or_else(|| corrupt(format!("unknown record state {state_byte}")))?;
@@ -109,7 +120,13 @@ impl Record {
         let created_at = u64::from_le_bytes(r.array());
         let updated_at = u64::from_le_bytes(r.array());
         let attempts = u32::from_le_bytes(r.array());
-        let response = &bytes[HEADER_LEN..];
+        // A version-1 record never expires until the upgrade gives it its retention.
+        let expires_at = if version == 1 {
+            u64::MAX
+        } else {
+            u64::from_le_bytes(r.array())
+        };
+        let response = &bytes[header_len..];
         if state == RecordState::InProgress && !response.is_empty() {
             return Err(corrupt("IN_PROGRESS record carries a response".to_string()));
         }
@@ -124,8 +141,14 @@ impl Record {
             created_at,
             updated_at,
             attempts,
+            expires_at,
             response: response.to_vec(),
         })
+    }
+
+    /// Whether the record no longer counts at `now_ms` (see [`Record::expires_at`]).
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.expires_at
     }
 }
 
@@ -164,6 +187,7 @@ mod tests {
             created_at: 1_000,
             updated_at: 2_000,
             attempts: 2,
+            expires_at: 9_000,
             response: response.to_vec(),
         }
     }
@@ -183,11 +207,12 @@ mod tests {
     fn layout_is_stable() {
         let bytes = sample(RecordState::Completed, b"ok").encode();
         assert_eq!(bytes.len(), HEADER_LEN + 2);
-        assert_eq!(&bytes[..2], &[1, 2]);
+        assert_eq!(&bytes[..2], &[2, 2]);
         assert_eq!(bytes[2], 0x10, "fingerprint is little-endian");
         assert_eq!(&bytes[18..26], &42u64.to_le_bytes());
         assert_eq!(&bytes[50..54], &2u32.to_le_bytes());
-        assert_eq!(&bytes[54..], b"ok");
+        assert_eq!(&bytes[54..62], &9_000u64.to_le_bytes());
+        assert_eq!(&bytes[62..], b"ok");
     }
 
     #[test]
@@ -208,5 +233,16 @@ mod tests {
         let mut bad = good;
         bad[18..26].copy_from_slice(&0u64.to_le_bytes());
         assert!(Record::decode(&bad).is_err(), "token 0");
+    }
+
+    #[test]
+    fn reads_version_1_as_never_expiring() {
+        let rec = sample(RecordState::Completed, b"ok");
+        let mut v1 = rec.encode();
+        v1.drain(54..62);
+        v1[0] = 1;
+        let read = Record::decode(&v1).unwrap();
+        assert_eq!(read.expires_at, u64::MAX);
+        assert_eq!(read.response, b"ok");
     }
 }

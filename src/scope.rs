@@ -165,7 +165,6 @@ impl RecordKey {
         Ok(RecordKey(out.into()))
     }
 
-    #[cfg(test)]
     pub(crate) fn from_stored(bytes: &[u8]) -> Self {
         RecordKey(bytes.into())
     }

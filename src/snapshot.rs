@@ -7,33 +7,86 @@
 //! older than it. The durability tracker is still consulted after every read: a snapshot may
 //! show non-durable commits, exactly as a fresh read transaction would.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
-use redb::{Database, ReadOnlyTable, ReadableDatabase};
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
 use crate::error::Error;
-use crate::meta::{INFLIGHT, RECORDS};
+use crate::locate::{Found, Layout, PartitionReader, find, get_in};
+use crate::meta::INFLIGHT;
+use crate::partition::{Catalog, Partition};
 use crate::record::Record;
 use crate::scope::RecordKey;
 use crate::shard::{SHARDS, shard_index};
-use crate::writer::load;
 
 type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 
-/// Both record tables of one read transaction.
+/// One read transaction: the in-flight table, and the partitions of the catalog it was taken
+/// with, each opened by the first reader that needs it.
 struct Tables {
-    finished: RecordsTable,
+    txn: ReadTransaction,
     inflight: RecordsTable,
+    catalog: Arc<Catalog>,
+    /// By position in `catalog`; `None` once known not to exist in this transaction.
+    parts: Box<[OnceLock<Option<RecordsTable>>]>,
 }
 
 impl Tables {
-    fn open(db: &Database) -> Result<Tables, Error> {
+    fn open(db: &Database, layout: &Layout) -> Result<Tables, Error> {
+        // The catalog first: a partition created after it is not probed (the writer decides
+        // then); one dropped after it is still readable in this older transaction.
+        let catalog = layout.partitions.catalog();
         let txn = db.begin_read()?;
         Ok(Tables {
-            finished: txn.open_table(RECORDS)?,
             inflight: txn.open_table(INFLIGHT)?,
+            parts: catalog.parts().iter().map(|_| OnceLock::new()).collect(),
+            catalog,
+            txn,
         })
+    }
+
+    fn find(&self, layout: &Layout, key: &RecordKey, now: u64) -> Result<Found, Error> {
+        let hash = layout.index.hash(key.as_bytes());
+        let mut reader = SnapshotParts(self);
+        find(
+            &self.inflight,
+            &mut reader,
+            &self.catalog,
+            &layout.index,
+            key,
+            hash,
+            now,
+        )
+    }
+}
+
+struct SnapshotParts<'a>(&'a Tables);
+
+impl PartitionReader for SnapshotParts<'_> {
+    fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error> {
+        let tables = self.0;
+        let Some(slot) = tables.catalog.position(part.id).map(|i| &tables.parts[i]) else {
+            return Ok(None);
+        };
+        let table = match slot.get() {
+            Some(t) => t,
+            None => {
+                let opened = match tables.txn.open_table(part.table()) {
+                    Ok(t) => Some(t),
+                    // Created by a write that rolled back, or not committed yet.
+                    Err(redb::TableError::TableDoesNotExist(_)) => None,
+                    Err(e) => return Err(e.into()),
+                };
+                // A racing reader may have set it first; both opened the same table.
+                let _ = slot.set(opened);
+                slot.get().unwrap_or(&None)
+            }
+        };
+        match table {
+            Some(t) => get_in(t, key),
+            None => Ok(None),
+        }
     }
 }
 
@@ -45,14 +98,16 @@ struct Shard(RwLock<Option<Arc<Tables>>>);
 
 pub(crate) struct Snapshots {
     db: Arc<Database>,
+    layout: Arc<Layout>,
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
 }
 
 impl Snapshots {
-    pub(crate) fn new(db: Arc<Database>) -> Self {
+    pub(crate) fn new(db: Arc<Database>, layout: Arc<Layout>) -> Self {
         let snapshots = Snapshots {
             db,
+            layout,
             shards: std::array::from_fn(|_| Shard(RwLock::new(None))),
         };
         snapshots.refresh();
@@ -62,21 +117,20 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
-        let fresh = Tables::open(&self.db).ok().map(Arc::new);
+        let fresh = Tables::open(&self.db, &self.layout).ok().map(Arc::new);
         for shard in &self.shards {
             *shard.0.write() = fresh.clone();
         }
     }
 
-    /// The record stored for `key` in the newest installed snapshot.
-    pub(crate) fn load(&self, key: &RecordKey) -> Result<Option<Record>, Error> {
+    /// What the newest installed snapshot holds for `key` at `now`.
+    pub(crate) fn find(&self, key: &RecordKey, now: u64) -> Result<Found, Error> {
         let shard = self.shards[shard_index()].0.read();
         match &*shard {
-            Some(t) => load(&t.finished, &t.inflight, key),
+            Some(t) => t.find(&self.layout, key, now),
             None => {
                 drop(shard);
-                let t = Tables::open(&self.db)?;
-                load(&t.finished, &t.inflight, key)
+                Tables::open(&self.db, &self.layout)?.find(&self.layout, key, now)
             }
         }
     }

@@ -85,6 +85,27 @@ pub struct Stats {
     pub batch_size: Histogram,
     /// Time from a batch's first transaction to its durable commit, in microseconds.
     pub commit_latency_us: Histogram,
+    /// Keys that came back beyond their retention (a copy of the record expired, or it was
+    /// dropped and is still recognised): acquired with the flag, or refused by policy.
+    pub beyond_horizon: u64,
+    /// Records removed by expiry since open: in dropped partitions, and abandoned
+    /// IN_PROGRESS records swept from the in-flight table.
+    pub expired_records: u64,
+    /// Partitions dropped since open.
+    pub partitions_dropped: u64,
+    /// Records stored now, live or expired but not yet dropped (partitions and in-flight).
+    pub stored_records: u64,
+    /// Of those, IN_PROGRESS records (the in-flight table).
+    pub in_flight_records: u64,
+    /// Time partitions stored now.
+    pub partitions: u64,
+    /// Dropped keys still recognised for beyond-horizon detection (about 12 bytes of memory
+    /// each).
+    pub horizon_keys: u64,
+    /// Key hashes in the in-memory partition index (about 16 bytes of memory each).
+    pub indexed_keys: u64,
+    /// Size of the database file in bytes (of the backend, when opened over one).
+    pub bytes_on_disk: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -98,8 +119,11 @@ pub(crate) enum Counter {
     Fenced,
     Finished,
     Releases,
+    BeyondHorizon,
+    ExpiredRecords,
+    PartitionsDropped,
 }
-const COUNTERS: usize = 9;
+const COUNTERS: usize = 12;
 
 #[repr(align(128))]
 #[derive(Default)]
@@ -113,7 +137,11 @@ pub(crate) struct StatsCollector {
 
 impl StatsCollector {
     pub(crate) fn add(&self, counter: Counter) {
-        self.shards[shard_index()].0[counter as usize].fetch_add(1, Ordering::Relaxed);
+        self.add_n(counter, 1);
+    }
+
+    pub(crate) fn add_n(&self, counter: Counter, n: u64) {
+        self.shards[shard_index()].0[counter as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn record_batch(&self, ops: usize, took: Duration) {
@@ -146,6 +174,16 @@ impl StatsCollector {
             commits,
             batch_size,
             commit_latency_us,
+            beyond_horizon: sum(Counter::BeyondHorizon),
+            expired_records: sum(Counter::ExpiredRecords),
+            partitions_dropped: sum(Counter::PartitionsDropped),
+            // Filled in by IdemDb::stats from the file.
+            stored_records: 0,
+            in_flight_records: 0,
+            partitions: 0,
+            horizon_keys: 0,
+            indexed_keys: 0,
+            bytes_on_disk: 0,
         }
     }
 }

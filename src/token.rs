@@ -51,6 +51,7 @@ pub struct Reservation {
     pub(crate) lease_expires_at: u64,
     pub(crate) attempt: u32,
     pub(crate) takeover: bool,
+    pub(crate) beyond_horizon: bool,
 }
 
 impl Reservation {
@@ -74,6 +75,14 @@ impl Reservation {
     pub fn is_takeover(&self) -> bool {
         self.takeover
     }
+
+    /// Whether the key had a record that expired, or was dropped and is still recognised: the
+    /// request is a duplicate older than the retention (a late redrive), acquired as new
+    /// under [`BeyondHorizonPolicy::Flag`](crate::BeyondHorizonPolicy::Flag). Worth logging
+    /// or reconciling; the earlier response is gone.
+    pub fn is_beyond_horizon(&self) -> bool {
+        self.beyond_horizon
+    }
 }
 
 impl fmt::Debug for Reservation {
@@ -84,6 +93,7 @@ impl fmt::Debug for Reservation {
             .field("lease_expires_at", &self.lease_expires_at)
             .field("attempt", &self.attempt)
             .field("takeover", &self.takeover)
+            .field("beyond_horizon", &self.beyond_horizon)
             .finish()
     }
 }

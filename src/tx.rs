@@ -32,11 +32,16 @@ use crate::meta::RESERVED_PREFIX;
 pub struct Tx<'a> {
     txn: &'a WriteTransaction,
     now_ms: u64,
+    beyond_horizon: bool,
 }
 
 impl<'a> Tx<'a> {
-    pub(crate) fn new(txn: &'a WriteTransaction, now_ms: u64) -> Self {
-        Tx { txn, now_ms }
+    pub(crate) fn new(txn: &'a WriteTransaction, now_ms: u64, beyond_horizon: bool) -> Self {
+        Tx {
+            txn,
+            now_ms,
+            beyond_horizon,
+        }
     }
 
     /// Opens (creating if needed) one of the caller's tables.
@@ -60,6 +65,14 @@ impl<'a> Tx<'a> {
     /// The engine's clock reading for this operation, ms since the epoch.
     pub fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// In [`execute`](crate::IdemDb::execute): the key's earlier record expired (or was
+    /// dropped) and is still recognised, so this run is a duplicate older than the retention
+    /// (see [`Retention`](crate::Retention)). The closure may decide what that means, e.g.
+    /// fail instead of running twice. Always false in `complete_with` / `fail_with`.
+    pub fn is_beyond_horizon(&self) -> bool {
+        self.beyond_horizon
     }
 }
 

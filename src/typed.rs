@@ -31,6 +31,9 @@ pub enum TypedOutcome<T, F> {
         /// Time left on the owner's lease.
         retry_after: Duration,
     },
+    /// A recognised key beyond the retention, refused by policy; see
+    /// [`ReserveOutcome::BeyondHorizon`].
+    BeyondHorizon,
 }
 
 /// A view of an [`IdemDb`] whose responses are `T` (success) and `F` (failure), stored as JSON.
@@ -97,6 +100,7 @@ where
             ReserveOutcome::Completed(b) => TypedOutcome::Completed(decode(&b)?),
             ReserveOutcome::Failed(b) => TypedOutcome::Failed(decode(&b)?),
             ReserveOutcome::InProgress { retry_after } => TypedOutcome::InProgress { retry_after },
+            ReserveOutcome::BeyondHorizon => TypedOutcome::BeyondHorizon,
         })
     }
 

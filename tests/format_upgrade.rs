@@ -1,5 +1,6 @@
-//! A version-1 file (IN_PROGRESS records in the records table, no in-flight table) is upgraded
-//! on open: its reservations keep working, and its owners can still finish them.
+//! Files of older formats are upgraded on open: version 1 (IN_PROGRESS records in the records
+//! table, no in-flight table) and version 2 (finished records in one table, records without
+//! expiry). Their reservations keep working and their owners can still finish them.
 
 mod common;
 
@@ -14,40 +15,85 @@ use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, Scope};
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_records");
 const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inflight");
+const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
 const LEASE: Duration = Duration::from_secs(3600);
 
-/// Rewrites a current file into the version-1 layout.
-fn downgrade_to_v1(path: &std::path::Path) {
+/// A current record in the version-1 record encoding: no `expires_at` (bytes 54..62).
+fn to_record_v1(current: &[u8]) -> Vec<u8> {
+    assert_eq!(current[0], 2, "record version");
+    let mut v1 = current.to_vec();
+    v1.drain(54..62);
+    v1[0] = 1;
+    v1
+}
+
+fn table_names(read: &idemdb::redb::ReadTransaction) -> Vec<String> {
+    read.list_tables()
+        .unwrap()
+        .map(|t| t.name().to_string())
+        .collect()
+}
+
+/// Rewrites a current file into the layout of format `version` (1 or 2).
+fn downgrade(path: &std::path::Path, version: u32) {
     let db = idemdb::redb::Database::open(path).unwrap();
+    let partitions: Vec<String> = table_names(&db.begin_read().unwrap())
+        .into_iter()
+        .filter(|n| n.starts_with("idemdb_p_"))
+        .collect();
     let txn = db.begin_write().unwrap();
     {
-        let inflight = txn.open_table(INFLIGHT).unwrap();
-        let moving: Vec<(Vec<u8>, Vec<u8>)> = inflight
+        let read_all = |t: TableDefinition<&[u8], &[u8]>| -> Vec<(Vec<u8>, Vec<u8>)> {
+            let table = txn.open_table(t).unwrap();
+            table
+                .iter()
+                .unwrap()
+                .map(|e| {
+                    let (k, v) = e.unwrap();
+                    (k.value().to_vec(), to_record_v1(v.value()))
+                })
+                .collect()
+        };
+        let in_flight = read_all(INFLIGHT);
+        let finished: Vec<_> = partitions
             .iter()
-            .unwrap()
-            .map(|e| {
-                let (k, v) = e.unwrap();
-                (k.value().to_vec(), v.value().to_vec())
-            })
+            .flat_map(|n| read_all(TableDefinition::new(n)))
             .collect();
-        drop(inflight);
         let mut records = txn.open_table(RECORDS).unwrap();
-        for (k, v) in &moving {
+        for (k, v) in &finished {
             records.insert(k.as_slice(), v.as_slice()).unwrap();
+        }
+        if version == 1 {
+            for (k, v) in &in_flight {
+                records.insert(k.as_slice(), v.as_slice()).unwrap();
+            }
+        } else {
+            let mut table = txn.open_table(INFLIGHT).unwrap();
+            for (k, v) in &in_flight {
+                table.insert(k.as_slice(), v.as_slice()).unwrap();
+            }
         }
         txn.open_table(META)
             .unwrap()
-            .insert("format_version", &1u32.to_le_bytes()[..])
+            .insert("format_version", &version.to_le_bytes()[..])
             .unwrap();
     }
-    assert!(txn.delete_table(INFLIGHT).unwrap());
+    for n in &partitions {
+        assert!(
+            txn.delete_table(TableDefinition::<&[u8], &[u8]>::new(n))
+                .unwrap()
+        );
+    }
+    assert!(txn.delete_table(HORIZON).unwrap());
+    if version == 1 {
+        assert!(txn.delete_table(INFLIGHT).unwrap());
+    }
     txn.commit().unwrap();
 }
 
-#[test]
-fn version_1_files_are_upgraded_on_open() {
+fn upgrades_from(version: u32) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v1.idemdb");
+    let path = dir.path().join("old.idemdb");
     let scope = Scope::new("op", "p");
     let (held, done) = {
         let db = IdemDb::open(&path).unwrap();
@@ -56,14 +102,30 @@ fn version_1_files_are_upgraded_on_open() {
         db.complete(&done, b"ok".to_vec()).unwrap();
         (held, done)
     };
-    downgrade_to_v1(&path);
+    downgrade(&path, version);
     drop(IdemDb::open(&path).unwrap());
-    // The upgrade moved the IN_PROGRESS record, and only it, to the in-flight table.
+    // The upgrade put the IN_PROGRESS record in the in-flight table and the finished one in
+    // a time partition, both with an expiry; the old records table is gone.
     {
         let raw = idemdb::redb::Database::open(&path).unwrap();
         let read = raw.begin_read().unwrap();
-        let count = |t| read.open_table(t).unwrap().len().unwrap();
-        assert_eq!((count(RECORDS), count(INFLIGHT)), (1, 1));
+        let names = table_names(&read);
+        assert!(!names.iter().any(|n| n == RECORDS.name()), "{names:?}");
+        let parts: Vec<&String> = names
+            .iter()
+            .filter(|n| n.starts_with("idemdb_p_"))
+            .collect();
+        assert_eq!(parts.len(), 1, "{names:?}");
+        let part = read
+            .open_table(TableDefinition::<&[u8], &[u8]>::new(parts[0]))
+            .unwrap();
+        let inflight = read.open_table(INFLIGHT).unwrap();
+        assert_eq!((part.len().unwrap(), inflight.len().unwrap()), (1, 1));
+        for table in [part, inflight] {
+            let (_, v) = table.iter().unwrap().next().unwrap().unwrap();
+            let rec = idemdb::Record::decode(v.value()).unwrap();
+            assert!(rec.expires_at > rec.updated_at && rec.expires_at < u64::MAX);
+        }
     }
 
     let db = IdemDb::open(&path).unwrap();
@@ -87,7 +149,7 @@ fn version_1_files_are_upgraded_on_open() {
     assert!(db.complete(&done, b"again".to_vec()).is_err());
     drop(db);
 
-    // The file is version 2 now, with its in-flight table.
+    // The file is version 3 now, with its in-flight and horizon tables.
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let version = read
@@ -96,10 +158,18 @@ fn version_1_files_are_upgraded_on_open() {
         .get("format_version")
         .unwrap()
         .map(|v| v.value().to_vec());
-    assert_eq!(version, Some(2u32.to_le_bytes().to_vec()));
-    assert!(
-        read.list_tables()
-            .unwrap()
-            .any(|t| t.name() == INFLIGHT.name())
-    );
+    assert_eq!(version, Some(3u32.to_le_bytes().to_vec()));
+    let names = table_names(&read);
+    assert!(names.iter().any(|n| n == INFLIGHT.name()));
+    assert!(names.iter().any(|n| n == HORIZON.name()));
+}
+
+#[test]
+fn version_1_files_are_upgraded_on_open() {
+    upgrades_from(1);
+}
+
+#[test]
+fn version_2_files_are_upgraded_on_open() {
+    upgrades_from(2);
 }

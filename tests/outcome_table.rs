@@ -161,8 +161,8 @@ fn completed_replays_byte_identical_responses() {
             );
         }
     }
-    // Replays never expire with time.
-    clock.advance(Duration::from_secs(365 * 24 * 3600));
+    // Replays last for the whole TTL (24 hours by default) after the record's last change.
+    clock.advance(Duration::from_secs(24 * 3600 - 1));
     for (i, response) in responses.iter().enumerate() {
         let key = Key::new(format!("k{i}"));
         let payload = format!("payload-{i}");

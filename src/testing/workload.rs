@@ -8,13 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition, TableHandle};
 
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
 use crate::error::Error;
-use crate::meta::{INFLIGHT, RECORDS};
+use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::partition::Partition;
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, Scope};
 use crate::token::Reservation;
@@ -432,7 +433,18 @@ pub fn check_recovered(
         summary.acked_calls += log.acked_calls;
         summary.in_flight += u64::from(log.in_flight.is_some());
     }
-    for (table, in_progress) in [(RECORDS, false), (INFLIGHT, true)] {
+    let partitions: Vec<String> = read
+        .list_tables()
+        .map_err(|e| e.to_string())?
+        .map(|t| t.name().to_string())
+        .filter(|n| Partition::is_partition_name(n))
+        .collect();
+    let tables = std::iter::once((INFLIGHT, true)).chain(
+        partitions
+            .iter()
+            .map(|n| (TableDefinition::<&[u8], &[u8]>::new(n), false)),
+    );
+    for (table, in_progress) in tables {
         let all = read.open_table(table).map_err(|e| e.to_string())?;
         for entry in all.iter().map_err(|e| e.to_string())? {
             let (_, v) = entry.map_err(|e| e.to_string())?;

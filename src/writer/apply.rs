@@ -4,13 +4,21 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use redb::{ReadableTable, Table, WriteTransaction};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use redb::{Table, WriteTransaction};
 
 use crate::config::Limits;
 use crate::decide::{Decision, check_owner, decide};
 use crate::error::Error;
+use crate::horizon::tag;
+use crate::locate::{Found, Layout, PartitionReader, find, get_in};
+use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::partition::{Partition, PartitionId};
 use crate::record::{Record, RecordState};
+use crate::retention::BeyondHorizonPolicy;
 use crate::scope::RecordKey;
 use crate::token::{FencingToken, Reservation};
 use crate::tx::Tx;
@@ -31,6 +39,8 @@ pub(crate) struct Applied {
     pub(crate) changed: bool,
     /// The op's writes must not commit: its closure failed or panicked, or a write failed.
     pub(crate) abort: bool,
+    /// The op met a key beyond its retention (acquired with the flag, or refused).
+    pub(crate) beyond_horizon: bool,
 }
 
 impl Applied {
@@ -39,6 +49,15 @@ impl Applied {
             output,
             changed: false,
             abort: false,
+            beyond_horizon: false,
+        }
+    }
+
+    /// Refused by the beyond-horizon policy: nothing written.
+    fn refused(output: OpOutput) -> Self {
+        Applied {
+            beyond_horizon: true,
+            ..Applied::answer(Ok(output))
         }
     }
 
@@ -47,6 +66,7 @@ impl Applied {
             output: Ok(output),
             changed: true,
             abort: false,
+            beyond_horizon: false,
         }
     }
 
@@ -55,35 +75,102 @@ impl Applied {
             output,
             changed: false,
             abort: true,
+            beyond_horizon: false,
         }
     }
 }
 
 type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
-/// The two record tables of one write transaction (meta.rs): finished records and IN_PROGRESS
-/// ones. Invariant: a key is in at most one of them.
+/// The record tables of one write transaction: the in-flight table, and the partitions it
+/// opened so far (opening a table costs several µs, once per transaction).
+///
+/// Invariant: a key has at most one live record, in the in-flight table or in a partition.
 pub(crate) struct Records<'t> {
-    pub(crate) finished: Table2<'t>,
-    pub(crate) inflight: Table2<'t>,
+    inflight: Table2<'t>,
+    parts: OpenParts<'t>,
+    layout: &'t Layout,
 }
 
-impl Records<'_> {
-    fn load(&self, key: &RecordKey) -> Result<Option<Record>, Error> {
-        load(&self.finished, &self.inflight, key)
+/// The partitions a write transaction opened so far.
+struct OpenParts<'t> {
+    txn: &'t WriteTransaction,
+    open: HashMap<PartitionId, Table2<'t>>,
+}
+
+impl<'t> OpenParts<'t> {
+    fn table(&mut self, part: &Partition) -> Result<&mut Table2<'t>, Error> {
+        Ok(match self.open.entry(part.id) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.txn.open_table(part.table())?),
+        })
+    }
+}
+
+impl PartitionReader for OpenParts<'_> {
+    fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error> {
+        get_in(self.table(part)?, key)
+    }
+}
+
+impl<'t> Records<'t> {
+    pub(crate) fn open(txn: &'t WriteTransaction, layout: &'t Layout) -> Result<Self, Error> {
+        Ok(Records {
+            inflight: txn.open_table(INFLIGHT)?,
+            parts: OpenParts {
+                txn,
+                open: HashMap::new(),
+            },
+            layout,
+        })
     }
 
-    /// Writes `rec` to the table its state belongs in. A record only ever moves from
-    /// IN_PROGRESS to finished, never back.
-    fn store(&mut self, key: &RecordKey, rec: &Record) -> Result<(), Error> {
-        let bytes = rec.encode();
+    fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
+        let catalog = self.layout.partitions.catalog();
+        let index = &self.layout.index;
+        find(
+            &self.inflight,
+            &mut self.parts,
+            &catalog,
+            index,
+            key,
+            hash,
+            now,
+        )
+    }
+
+    /// Writes `rec` where its state belongs, setting its expiry: an IN_PROGRESS record to the
+    /// in-flight table, a finished one to the current partition of its TTL (and out of the
+    /// in-flight table). A finished record is never rewritten.
+    fn store(&mut self, key: &RecordKey, hash: u64, rec: &mut Record) -> Result<(), Error> {
+        let rules = &self.layout.rules;
+        let ttl = rules.ttl_ms(key);
         if rec.state == RecordState::InProgress {
-            self.inflight.insert(key.as_bytes(), bytes.as_slice())?;
+            rec.expires_at = rec.lease_expires_at.saturating_add(ttl);
+            self.inflight
+                .insert(key.as_bytes(), rec.encode().as_slice())?;
         } else {
+            rec.expires_at = rec.updated_at.saturating_add(ttl);
+            let part = self
+                .layout
+                .partitions
+                .place(rec.updated_at, rules.width_ms, ttl);
+            // Before the write: the index must never miss a stored record.
+            self.layout.index.insert(hash, part.id);
             self.inflight.remove(key.as_bytes())?;
-            self.finished.insert(key.as_bytes(), bytes.as_slice())?;
+            self.parts
+                .table(&part)?
+                .insert(key.as_bytes(), rec.encode().as_slice())?;
         }
         Ok(())
+    }
+
+    /// Whether a key about to be acquired as new is a duplicate older than its retention: a
+    /// copy of it expired, or it was dropped and is still recognised.
+    fn beyond_horizon(&self, found: &Found, hash: u64, now: u64) -> bool {
+        found.expired
+            || (self.layout.rules.horizon_factor > 0
+                && self.layout.horizon.recognises(tag(hash), now))
     }
 
     /// Removes an IN_PROGRESS record (release).
@@ -115,110 +202,115 @@ fn try_apply(
     records: &mut Records<'_>,
     ctx: &mut Ctx<'_>,
 ) -> Result<Applied, Error> {
+    let now = ctx.now_ms;
+    let key = op.key().clone();
+    let hash = records.layout.index.hash(key.as_bytes());
+    let found = records.find(&key, hash, now)?;
     match op {
         WriteOp::Reserve {
-            key,
             fingerprint,
             lease_ms,
+            ..
         } => {
-            let existing = records.load(&key)?;
-            let decision = decide(existing.as_ref(), fingerprint, ctx.now_ms);
-            let acquired = match decision {
-                Decision::Acquire | Decision::TakeOver => {
-                    let lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
-                    let rec = acquire(existing, fingerprint, lease_expires_at, ctx)?;
-                    records.store(&key, &rec)?;
-                    Reservation {
-                        record_key: key,
-                        token: rec.token,
-                        lease_expires_at,
-                        attempt: rec.attempts,
-                        takeover: decision == Decision::TakeOver,
-                    }
-                }
-                other => {
-                    let answer = replay(other, existing).map(OpOutput::Reserved);
-                    return Ok(Applied::answer(answer));
-                }
+            let decision = decide(found.live.as_ref(), fingerprint, now);
+            if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
+                let answer = replay(decision, found.live).map(OpOutput::Reserved);
+                return Ok(Applied::answer(answer));
+            }
+            let beyond = decision == Decision::Acquire && records.beyond_horizon(&found, hash, now);
+            if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
+                return Ok(Applied::refused(OpOutput::Reserved(
+                    ReserveOutcome::BeyondHorizon,
+                )));
+            }
+            let lease_expires_at = now.saturating_add(lease_ms);
+            let mut rec = acquire(found.live, fingerprint, lease_expires_at, ctx)?;
+            records.store(&key, hash, &mut rec)?;
+            let acquired = Reservation {
+                record_key: key,
+                token: rec.token,
+                lease_expires_at,
+                attempt: rec.attempts,
+                takeover: decision == Decision::TakeOver,
+                beyond_horizon: beyond,
             };
-            Ok(Applied::changed(OpOutput::Reserved(
-                ReserveOutcome::Acquired(acquired),
-            )))
+            let mut applied =
+                Applied::changed(OpOutput::Reserved(ReserveOutcome::Acquired(acquired)));
+            applied.beyond_horizon = beyond;
+            Ok(applied)
         }
         WriteOp::Finish {
-            key,
             token,
             state,
             response,
             business,
+            ..
         } => {
-            let existing = records.load(&key)?;
-            if let Err(e) = check_owner(existing.as_ref(), token) {
+            if let Err(e) = check_owner(found.live.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
             if let Some(business) = business {
-                let mut tx = Tx::new(txn, ctx.now_ms);
+                let mut tx = Tx::new(txn, now, false);
                 match run_closure(|| business(&mut tx)) {
                     Ok(()) => {}
                     Err(failed) => return Ok(Applied::aborted(Ok(failed))),
                 }
             }
-            let mut rec = existing.ok_or(Error::UnknownRecord)?;
+            let mut rec = found.live.ok_or(Error::UnknownRecord)?;
             rec.state = state;
-            rec.updated_at = ctx.now_ms;
+            rec.updated_at = now;
             rec.response = response;
-            records.store(&key, &rec)?;
+            records.store(&key, hash, &mut rec)?;
             Ok(Applied::changed(OpOutput::Done))
         }
-        WriteOp::Release { key, token } => {
-            let existing = records.load(&key)?;
-            if let Err(e) = check_owner(existing.as_ref(), token) {
+        WriteOp::Release { token, .. } => {
+            if let Err(e) = check_owner(found.live.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
             records.remove(&key)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         WriteOp::Extend {
-            key,
-            token,
-            lease_ms,
+            token, lease_ms, ..
         } => {
-            let existing = records.load(&key)?;
-            if let Err(e) = check_owner(existing.as_ref(), token) {
+            if let Err(e) = check_owner(found.live.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
-            let mut rec = existing.ok_or(Error::UnknownRecord)?;
-            rec.lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
-            rec.updated_at = ctx.now_ms;
-            records.store(&key, &rec)?;
+            let mut rec = found.live.ok_or(Error::UnknownRecord)?;
+            rec.lease_expires_at = now.saturating_add(lease_ms);
+            rec.updated_at = now;
+            records.store(&key, hash, &mut rec)?;
             Ok(Applied::changed(OpOutput::Extended {
                 lease_expires_at: rec.lease_expires_at,
             }))
         }
         WriteOp::Execute {
-            key,
-            fingerprint,
-            body,
+            fingerprint, body, ..
         } => {
-            let existing = records.load(&key)?;
-            let decision = decide(existing.as_ref(), fingerprint, ctx.now_ms);
+            let decision = decide(found.live.as_ref(), fingerprint, now);
             if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
-                let out = match replay(decision, existing)? {
+                let out = match replay(decision, found.live)? {
                     ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
                     ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
                     ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
                     ReserveOutcome::InProgress { retry_after } => {
                         ExecuteOutcome::InProgress { retry_after }
                     }
-                    ReserveOutcome::Acquired(_) => {
+                    ReserveOutcome::Acquired(_) | ReserveOutcome::BeyondHorizon => {
                         return Err(Error::Corrupted("replay of an acquisition".into()));
                     }
                 };
                 return Ok(Applied::answer(Ok(OpOutput::Executed(out))));
             }
+            let beyond = decision == Decision::Acquire && records.beyond_horizon(&found, hash, now);
+            if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
+                return Ok(Applied::refused(OpOutput::Executed(
+                    ExecuteOutcome::BeyondHorizon,
+                )));
+            }
             // Before the closure: no error may follow its writes but a rollback.
-            let mut rec = acquire(existing, fingerprint, ctx.now_ms, ctx)?;
-            let mut tx = Tx::new(txn, ctx.now_ms);
+            let mut rec = acquire(found.live, fingerprint, now, ctx)?;
+            let mut tx = Tx::new(txn, now, beyond);
             let outcome = match run_closure(|| body(&mut tx)) {
                 Ok(outcome) => outcome,
                 Err(failed) => return Ok(Applied::aborted(Ok(failed))),
@@ -232,10 +324,11 @@ fn try_apply(
             };
             rec.state = state;
             rec.response = response;
-            records.store(&key, &rec)?;
-            Ok(Applied::changed(OpOutput::Executed(
-                ExecuteOutcome::Executed(outcome),
-            )))
+            records.store(&key, hash, &mut rec)?;
+            let mut applied =
+                Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)));
+            applied.beyond_horizon = beyond;
+            Ok(applied)
         }
     }
 }
@@ -274,6 +367,8 @@ fn acquire(
         created_at,
         updated_at: ctx.now_ms,
         attempts,
+        // Set by Records::store.
+        expires_at: u64::MAX,
         response: Vec::new(),
     })
 }
@@ -297,20 +392,4 @@ pub(crate) fn replay(
             )));
         }
     })
-}
-
-/// The record for `key` in a pair of record tables (a write transaction's or a snapshot's).
-pub(crate) fn load(
-    finished: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    inflight: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    key: &RecordKey,
-) -> Result<Option<Record>, Error> {
-    let stored = match finished.get(key.as_bytes())? {
-        Some(v) => Some(v),
-        None => inflight.get(key.as_bytes())?,
-    };
-    match stored {
-        Some(v) => Ok(Some(Record::decode(v.value())?)),
-        None => Ok(None),
-    }
 }

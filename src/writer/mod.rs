@@ -26,14 +26,15 @@ use crate::clock::Clock;
 use crate::config::{Limits, WriterConfig};
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
-use crate::meta::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS};
+use crate::locate::Layout;
+use crate::meta::{META, NEXT_TOKEN_KEY};
 use crate::scope::RecordKey;
 use crate::snapshot::Snapshots;
-use crate::stats::StatsCollector;
+use crate::stats::{Counter, StatsCollector};
 use crate::wait::WaitRegistry;
 
+pub(crate) use apply::replay;
 use apply::{Applied, Ctx, Records, apply};
-pub(crate) use apply::{load, replay};
 use op::{OpOutput, WriteOp};
 use queue::{Job, Queue};
 
@@ -51,7 +52,9 @@ pub(crate) fn refuse_reentry() -> Result<(), Error> {
 }
 
 pub(crate) struct Writer {
-    db: Arc<Database>,
+    pub(crate) db: Arc<Database>,
+    /// Serialises compaction passes (the background one and `compact_now`).
+    pub(crate) compaction: Mutex<()>,
     clock: Arc<dyn Clock>,
     limits: Limits,
     config: WriterConfig,
@@ -64,6 +67,9 @@ pub(crate) struct Writer {
     leader: Mutex<LeaderState>,
     /// Set when a commit failed: writes are refused until reopen.
     poisoned: AtomicBool,
+    /// Why, when it was not a failed commit (a background thread panicked).
+    poison_reason: Mutex<Option<String>>,
+    pub(crate) layout: Arc<Layout>,
     pub(crate) durability: Arc<DurabilityTracker>,
     pub(crate) snapshots: Snapshots,
     pub(crate) stats: StatsCollector,
@@ -89,8 +95,10 @@ impl Writer {
         limits: Limits,
         config: WriterConfig,
         next_token: u64,
+        layout: Arc<Layout>,
     ) -> Self {
         Writer {
+            compaction: Mutex::new(()),
             clock,
             limits,
             config,
@@ -103,8 +111,10 @@ impl Writer {
                 batch_seq: 0,
             }),
             poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(None),
             durability: Arc::default(),
-            snapshots: Snapshots::new(Arc::clone(&db)),
+            snapshots: Snapshots::new(Arc::clone(&db), Arc::clone(&layout)),
+            layout,
             stats: StatsCollector::default(),
             db,
             waits: Arc::default(),
@@ -120,6 +130,57 @@ impl Writer {
         self.durability.failed();
     }
 
+    /// Refuses all writes from now on with [`Error::Poisoned`] and `reason`.
+    pub(crate) fn poison_with(&self, reason: String) {
+        self.poison_reason.lock().get_or_insert(reason);
+        self.poison();
+    }
+
+    /// The error a write gets once the writer is poisoned.
+    pub(crate) fn refusal(&self) -> Error {
+        match &*self.poison_reason.lock() {
+            Some(why) => Error::Poisoned(why.clone()),
+            None => Error::WritesRefused,
+        }
+    }
+
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
+    /// compactor's drops), then refreshes the snapshot. A failed commit poisons the writer, as
+    /// a batch's would.
+    pub(crate) fn exclusive<T>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let _leader = self.leader.lock();
+        if self.is_poisoned() {
+            return Err(self.refusal());
+        }
+        let fail = |e: Error| {
+            self.poison();
+            match e {
+                Error::Storage(s) => Error::OutcomeUnknown(s),
+                other => other,
+            }
+        };
+        let mut txn = self.db.begin_write().map_err(|e| fail(e.into()))?;
+        txn.set_quick_repair(self.config.quick_repair);
+        let out = match f(&txn) {
+            Ok(out) => out,
+            Err(e) => {
+                // A failed read or write leaves the transaction unusable; nothing committed.
+                let _ = txn.abort();
+                return Err(e);
+            }
+        };
+        txn.commit().map_err(|e| fail(e.into()))?;
+        self.snapshots.refresh();
+        Ok(out)
+    }
+
     fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
         struct Committing;
         impl Drop for Committing {
@@ -131,8 +192,8 @@ impl Writer {
         let _committing = Committing;
         let n = batch.len();
         let started = std::time::Instant::now();
-        if self.poisoned.load(Ordering::SeqCst) {
-            return (0..n).map(|_| Err(Error::WritesRefused)).collect();
+        if self.is_poisoned() {
+            return (0..n).map(|_| Err(self.refusal())).collect();
         }
         let mut leader = self.leader.lock();
         leader.batch_seq += 1;
@@ -194,6 +255,9 @@ impl Writer {
             uncovered |= !durable && rollback.is_none() && wrote;
             committed |= rollback.is_none() && wrote;
             for a in applied {
+                if a.beyond_horizon && rollback.is_none() {
+                    self.stats.add(Counter::BeyondHorizon);
+                }
                 changed.push(a.changed && rollback.is_none());
                 results.push(match &rollback {
                     // A write in this transaction failed: its neighbours were rolled back too.
@@ -233,10 +297,7 @@ impl Writer {
         }
         let mut applied = Vec::with_capacity(ops.len());
         {
-            let mut records = Records {
-                finished: txn.open_table(RECORDS)?,
-                inflight: txn.open_table(INFLIGHT)?,
-            };
+            let mut records = Records::open(&txn, &self.layout)?;
             for op in ops {
                 applied.push(apply(op, &txn, &mut records, ctx));
             }

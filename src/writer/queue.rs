@@ -169,7 +169,7 @@ impl Writer {
 
     fn check_open(&self, queue: &Queue) -> Result<(), Error> {
         if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::WritesRefused);
+            return Err(self.refusal());
         }
         if queue.shutdown {
             return Err(Error::Closed);

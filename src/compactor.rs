@@ -1,0 +1,277 @@
+//! Expiry: dropping whole partitions once every record in them expired, sweeping abandoned
+//! IN_PROGRESS records, and retiring horizon sets, each in a short durable transaction of its
+//! own between the writer's batches. Run by a background thread and by `compact_now`.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::horizon::{HORIZON, encode_tags, row_key, row_until, tag};
+use crate::meta::INFLIGHT;
+use crate::partition::Partition;
+use crate::record::Record;
+use crate::scope::RecordKey;
+use crate::stats::Counter;
+use crate::writer::Writer;
+
+/// What one compaction pass removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactionReport {
+    /// Partitions dropped whole.
+    pub partitions_dropped: u64,
+    /// Records in them.
+    pub records_expired: u64,
+    /// Abandoned IN_PROGRESS records removed (lease end + TTL passed).
+    pub in_flight_expired: u64,
+    /// Horizon sets retired (their keys are no longer recognised).
+    pub horizon_sets_retired: u64,
+}
+
+/// One pass at `now`. Passes are serialised by the writer's compaction lock.
+pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Error> {
+    let _one_at_a_time = writer.compaction.lock();
+    let mut report = CompactionReport::default();
+    let due: Vec<Arc<Partition>> = writer
+        .layout
+        .partitions
+        .catalog()
+        .parts()
+        .iter()
+        .filter(|p| p.drop_at() <= now)
+        .cloned()
+        .collect();
+    for part in due {
+        report.records_expired += drop_partition(writer, &part, now)?;
+        report.partitions_dropped += 1;
+    }
+    report.in_flight_expired = sweep_in_flight(writer, now)?;
+    report.horizon_sets_retired = retire_horizon(writer, now)?;
+    Ok(report)
+}
+
+/// Drops `part`, keeping its keys' tags for the extended horizon. Returns its record count.
+fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Error> {
+    let layout = &writer.layout;
+    let until = part
+        .start
+        .saturating_add(part.width)
+        .saturating_add(layout.rules.horizon_ms(part.ttl));
+    let keep = layout.rules.horizon_factor > 0 && now < until;
+    // Read outside the writer: the partition is expired, so nothing writes to it any more.
+    let (count, tags) = {
+        let txn = writer.db.begin_read()?;
+        match txn.open_table(part.table()) {
+            Ok(table) => {
+                let mut tags = Vec::new();
+                if keep {
+                    for entry in table.iter()? {
+                        tags.push(tag(layout.index.hash(entry?.0.value())));
+                    }
+                    tags.sort_unstable();
+                    tags.dedup();
+                }
+                (table.len()?, tags)
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    writer.exclusive(|txn| {
+        txn.delete_table(part.table())?;
+        if keep && !tags.is_empty() {
+            txn.open_table(HORIZON)?.insert(
+                row_key(until, &part.name).as_slice(),
+                encode_tags(&tags).as_slice(),
+            )?;
+        }
+        // Under the writer's lock, so no batch reopens (and so recreates) the table.
+        layout.partitions.remove(part.id);
+        Ok(())
+    })?;
+    layout.horizon.add(tags, until);
+    if layout.partitions.catalog().parts().is_empty() {
+        layout.index.clear();
+    } else {
+        layout.index.remove_partition(part.id);
+    }
+    writer.stats.add_n(Counter::ExpiredRecords, count);
+    writer.stats.add(Counter::PartitionsDropped);
+    Ok(count)
+}
+
+/// Removes IN_PROGRESS records whose lease ended more than a TTL ago: their owner is gone.
+fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
+    let layout = &writer.layout;
+    let mut expired = Vec::new();
+    {
+        let txn = writer.db.begin_read()?;
+        for entry in txn.open_table(INFLIGHT)?.iter()? {
+            let (k, v) = entry?;
+            if Record::decode(v.value())?.is_expired(now) {
+                expired.push(k.value().to_vec());
+            }
+        }
+    }
+    if expired.is_empty() {
+        return Ok(0);
+    }
+    let removed = writer.exclusive(|txn| {
+        let mut table = txn.open_table(INFLIGHT)?;
+        let mut removed = Vec::new();
+        for key in &expired {
+            // Looked at again: a takeover may have renewed it since the read.
+            let stale = match table.get(key.as_slice())? {
+                Some(v) => Record::decode(v.value())?.is_expired(now),
+                None => false,
+            };
+            if stale {
+                let rec = table.remove(key.as_slice())?;
+                if let Some(rec) = rec {
+                    removed.push((key.clone(), Record::decode(rec.value())?));
+                }
+            }
+        }
+        let mut tags: Vec<u32> = Vec::new();
+        let mut until = 0u64;
+        for (key, rec) in &removed {
+            let ttl = layout.rules.ttl_ms(&RecordKey::from_stored(key));
+            let horizon = rec
+                .lease_expires_at
+                .saturating_add(layout.rules.horizon_ms(ttl));
+            if layout.rules.horizon_factor > 0 && now < horizon {
+                tags.push(tag(layout.index.hash(key)));
+                until = until.max(horizon);
+            }
+        }
+        if !tags.is_empty() {
+            tags.sort_unstable();
+            tags.dedup();
+            let name = format!("{}@{now}", INFLIGHT.name());
+            txn.open_table(HORIZON)?.insert(
+                row_key(until, &name).as_slice(),
+                encode_tags(&tags).as_slice(),
+            )?;
+        }
+        Ok((removed.len() as u64, tags, until))
+    })?;
+    let (count, tags, until) = removed;
+    layout.horizon.add(tags, until);
+    writer.stats.add_n(Counter::ExpiredRecords, count);
+    Ok(count)
+}
+
+/// Deletes the horizon sets whose extended horizon passed.
+fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
+    let mut due = Vec::new();
+    {
+        let txn = writer.db.begin_read()?;
+        for row in txn.open_table(HORIZON)?.iter()? {
+            let (k, _) = row?;
+            if row_until(k.value())? > now {
+                break; // Rows are in `until` order.
+            }
+            due.push(k.value().to_vec());
+        }
+    }
+    writer.layout.horizon.expire(now);
+    if due.is_empty() {
+        return Ok(0);
+    }
+    writer.exclusive(|txn| {
+        let mut table = txn.open_table(HORIZON)?;
+        for key in &due {
+            table.remove(key.as_slice())?;
+        }
+        Ok(())
+    })?;
+    Ok(due.len() as u64)
+}
+
+/// The background compactor: a named thread that runs a pass every interval (real time; the
+/// pass itself reads the database's clock), stopped and joined on close. A panic in it
+/// poisons the database: writes are then refused with [`Error::Poisoned`] naming it.
+pub(crate) struct Compactor {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Compactor {
+    pub(crate) fn start(
+        writer: Arc<Writer>,
+        clock: Arc<dyn Clock>,
+        interval: Duration,
+    ) -> Result<Compactor, Error> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("idemdb-compactor".into())
+            .spawn(move || run(&writer, &*clock, interval, &signal))
+            .map_err(|e| Error::Poisoned(format!("cannot start the compactor thread: {e}")))?;
+        Ok(Compactor {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it; a pass under way finishes first.
+    pub(crate) fn stop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(thread) = self.thread.take() {
+            // Its panic was caught and reported inside it.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Compactor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(writer: &Writer, clock: &dyn Clock, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
+    loop {
+        {
+            let mut stopped = stop.0.lock();
+            if !*stopped {
+                stop.1.wait_for(&mut stopped, interval);
+            }
+            if *stopped {
+                return;
+            }
+        }
+        match catch_unwind(AssertUnwindSafe(|| compact(writer, clock.now_ms()))) {
+            Ok(Ok(_)) => {}
+            // A poisoned writer refuses every pass from now on.
+            Ok(Err(_)) if writer.is_poisoned() => return,
+            // Anything else (a read failed) is tried again next interval.
+            Ok(Err(_)) => {}
+            Err(panic) => {
+                writer.poison_with(format!(
+                    "the compactor thread panicked: {}",
+                    panic_message(&*panic)
+                ));
+                return;
+            }
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}

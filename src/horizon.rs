@@ -1,0 +1,111 @@
+//! Beyond-horizon recognition: the keys of every dropped partition, kept as 32-bit tags for an
+//! extended horizon, so that a redrive older than the TTL is flagged instead of silently
+//! executing twice.
+//!
+//! On disk (table `idemdb_horizon`), one row per dropped partition: key = `until` (u64 BE,
+//! ms) followed by the partition's table name; value = the tags, u32 LE each, sorted. That is 4
+//! bytes per key. In memory, one map from tag to the latest `until`.
+//!
+//! A tag is 32 bits of the keyed record-key hash, so a key never seen is taken for a
+//! recognised one with probability n / 2^32 for n recognised keys (1 million: 0.023%).
+
+use std::collections::HashMap;
+
+use parking_lot::RwLock;
+use redb::TableDefinition;
+
+use crate::error::Error;
+
+pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
+
+pub(crate) fn tag(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// The row key of a horizon set.
+pub(crate) fn row_key(until: u64, partition: &str) -> Vec<u8> {
+    let mut key = until.to_be_bytes().to_vec();
+    key.extend_from_slice(partition.as_bytes());
+    key
+}
+
+/// `until` from a row key.
+pub(crate) fn row_until(key: &[u8]) -> Result<u64, Error> {
+    key.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| Error::Corrupted(format!("horizon row key of {} bytes", key.len())))
+}
+
+pub(crate) fn encode_tags(tags: &[u32]) -> Vec<u8> {
+    tags.iter().flat_map(|t| t.to_le_bytes()).collect()
+}
+
+pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_, Error> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(Error::Corrupted(format!(
+            "horizon set of {} bytes is not whole tags",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+#[derive(Default)]
+pub(crate) struct Horizon {
+    tags: RwLock<HashMap<u32, u64>>,
+}
+
+impl Horizon {
+    /// Whether a key with this tag was dropped and is still recognised at `now`.
+    pub(crate) fn recognises(&self, tag: u32, now: u64) -> bool {
+        self.tags.read().get(&tag).is_some_and(|&until| now < until)
+    }
+
+    pub(crate) fn add(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
+        let mut map = self.tags.write();
+        for t in tags {
+            let e = map.entry(t).or_insert(until);
+            *e = (*e).max(until);
+        }
+    }
+
+    /// Forgets tags whose horizon passed.
+    pub(crate) fn expire(&self, now: u64) {
+        self.tags.write().retain(|_, until| now < *until);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tags.read().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_until_the_latest_horizon() {
+        let h = Horizon::default();
+        h.add([1, 2], 100);
+        h.add([2], 300);
+        assert!(h.recognises(1, 99) && !h.recognises(1, 100));
+        assert!(h.recognises(2, 299));
+        assert!(!h.recognises(3, 0));
+        h.expire(100);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn rows_round_trip() {
+        let key = row_key(42, "idemdb_p_x");
+        assert_eq!(row_until(&key).unwrap(), 42);
+        assert!(row_until(&key[..7]).is_err());
+        let tags = [7, u32::MAX, 0];
+        let back: Vec<u32> = decode_tags(&encode_tags(&tags)).unwrap().collect();
+        assert_eq!(back, tags);
+        assert!(decode_tags(&[1, 2, 3]).is_err());
+    }
+}

@@ -1,0 +1,133 @@
+//! Where records live and how one is found: IN_PROGRESS records in the in-flight table,
+//! finished ones in time partitions, located through the key index. Shared by the writer
+//! (inside its write transaction) and the snapshots (inside a read transaction).
+//!
+//! Expiry is checked here, on every read: an expired record is reported as expired, never as
+//! live, whether or not its partition was dropped yet.
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
+
+use crate::error::Error;
+use crate::horizon::{HORIZON, Horizon, decode_tags, row_until};
+use crate::key_index::{Candidates, KeyIndex};
+use crate::partition::{Catalog, Partition, Partitions};
+use crate::record::Record;
+use crate::retention::Rules;
+use crate::scope::RecordKey;
+
+/// Retention state shared by the writer, the snapshots and the compactor.
+pub(crate) struct Layout {
+    pub(crate) rules: Rules,
+    pub(crate) partitions: Partitions,
+    pub(crate) index: KeyIndex,
+    pub(crate) horizon: Horizon,
+}
+
+impl Layout {
+    /// The layout of an opened database: partitions from the table names, the key index
+    /// rebuilt by reading every partition's keys, the horizon sets still in force at `now`.
+    pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
+        let txn = db.begin_read()?;
+        let names: Vec<String> = txn
+            .list_tables()?
+            .map(|t| t.name().to_string())
+            .filter(|n| Partition::is_partition_name(n))
+            .collect();
+        let partitions = Partitions::from_names(names.iter().map(String::as_str));
+        let index = KeyIndex::new(seed);
+        for part in partitions.catalog().parts() {
+            let table = txn.open_table(part.table())?;
+            for entry in table.iter()? {
+                let (k, _) = entry?;
+                index.insert(index.hash(k.value()), part.id);
+            }
+        }
+        let horizon = Horizon::default();
+        for row in txn.open_table(HORIZON)?.iter()? {
+            let (k, v) = row?;
+            let until = row_until(k.value())?;
+            if now < until {
+                horizon.add(decode_tags(v.value())?, until);
+            }
+        }
+        Ok(Layout {
+            rules,
+            partitions,
+            index,
+            horizon,
+        })
+    }
+}
+
+/// What a lookup found for one key.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    /// The live record, if any. Should two copies look live (the clock went back past an
+    /// expiry), the one with the newer token wins: it was written last.
+    pub(crate) live: Option<Record>,
+    /// Some copy of the key had expired: the key is older than its retention.
+    pub(crate) expired: bool,
+}
+
+impl Found {
+    fn consider(&mut self, rec: Record, now: u64) {
+        if rec.is_expired(now) {
+            self.expired = true;
+        } else if self.live.as_ref().is_none_or(|l| rec.token > l.token) {
+            self.live = Some(rec);
+        }
+    }
+}
+
+/// Reads a key from one partition.
+pub(crate) trait PartitionReader {
+    fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error>;
+}
+
+/// Looks `key` (whose index hash is `hash`) up in the in-flight table and in the partitions
+/// the index points at.
+pub(crate) fn find(
+    inflight: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    parts: &mut impl PartitionReader,
+    catalog: &Catalog,
+    index: &KeyIndex,
+    key: &RecordKey,
+    hash: u64,
+    now: u64,
+) -> Result<Found, Error> {
+    let mut found = Found::default();
+    if let Some(v) = inflight.get(key.as_bytes())? {
+        found.consider(Record::decode(v.value())?, now);
+    }
+    match index.candidates(hash) {
+        Candidates::Nowhere => {}
+        Candidates::In(ids) => {
+            for id in ids.into_iter().filter(|&id| id != 0) {
+                if let Some(part) = catalog.get(id)
+                    && let Some(rec) = parts.get(part, key)?
+                {
+                    found.consider(rec, now);
+                }
+            }
+        }
+        Candidates::Anywhere => {
+            for part in catalog.parts() {
+                if let Some(rec) = parts.get(part, key)? {
+                    found.consider(rec, now);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Reads a record from an open partition table.
+pub(crate) fn get_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &RecordKey,
+) -> Result<Option<Record>, Error> {
+    match table.get(key.as_bytes())? {
+        Some(v) => Ok(Some(Record::decode(v.value())?)),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,241 @@
+//! Time partitions of finished records: one redb table per (window of last change, TTL),
+//! named so that the set of partitions is the set of tables, with nothing else to keep in
+//! step. A partition is dropped whole once every record in it has expired.
+//!
+//! Invariant: every record in a partition has `updated_at < start + width` and
+//! `expires_at = updated_at + ttl`, so all of them have expired once `now ≥ drop_at()`.
+//! Records are placed in the newest partition of their class, never an older one, so a
+//! partition that has a newer sibling receives no more writes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use redb::TableDefinition;
+
+/// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
+const PREFIX: &str = "idemdb_p_";
+
+/// In-process identity of a partition, for the key index: never reused while open.
+pub(crate) type PartitionId = u32;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partition {
+    pub(crate) id: PartitionId,
+    pub(crate) name: String,
+    /// Start of the window of last change, ms since the epoch.
+    pub(crate) start: u64,
+    pub(crate) width: u64,
+    /// The TTL of every record in it.
+    pub(crate) ttl: u64,
+}
+
+impl Partition {
+    pub(crate) fn name_for(start: u64, width: u64, ttl: u64) -> String {
+        format!("{PREFIX}{start:020}_{width}_{ttl}")
+    }
+
+    /// The parts of a partition's table name; `None` for any other table.
+    pub(crate) fn parse_name(name: &str) -> Option<(u64, u64, u64)> {
+        let mut parts = name.strip_prefix(PREFIX)?.split('_');
+        let start = parts.next()?.parse().ok()?;
+        let width: u64 = parts.next()?.parse().ok()?;
+        let ttl: u64 = parts.next()?.parse().ok()?;
+        if parts.next().is_some() || width == 0 || ttl == 0 {
+            return None;
+        }
+        Some((start, width, ttl))
+    }
+
+    pub(crate) fn is_partition_name(name: &str) -> bool {
+        name.starts_with(PREFIX)
+    }
+
+    pub(crate) fn table(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+        TableDefinition::new(&self.name)
+    }
+
+    /// When every record in it has expired.
+    pub(crate) fn drop_at(&self) -> u64 {
+        self.start
+            .saturating_add(self.width)
+            .saturating_add(self.ttl)
+    }
+}
+
+/// The partitions that exist, oldest window first. Immutable: a change installs a new one.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    parts: Vec<Arc<Partition>>,
+    positions: HashMap<PartitionId, usize>,
+}
+
+impl Catalog {
+    fn new(mut parts: Vec<Arc<Partition>>) -> Catalog {
+        parts.sort_by_key(|p| (p.start, p.width, p.ttl));
+        let positions = parts.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+        Catalog { parts, positions }
+    }
+
+    pub(crate) fn parts(&self) -> &[Arc<Partition>] {
+        &self.parts
+    }
+
+    /// Where partition `id` is in [`parts`](Self::parts).
+    pub(crate) fn position(&self, id: PartitionId) -> Option<usize> {
+        self.positions.get(&id).copied()
+    }
+
+    pub(crate) fn get(&self, id: PartitionId) -> Option<&Arc<Partition>> {
+        self.position(id).map(|i| &self.parts[i])
+    }
+
+    /// The newest partition of a (width, ttl) class.
+    fn newest(&self, width: u64, ttl: u64) -> Option<&Arc<Partition>> {
+        self.parts
+            .iter()
+            .rev()
+            .find(|p| p.width == width && p.ttl == ttl)
+    }
+}
+
+/// The current catalog, shared by the writer (which adds partitions), the compactor (which
+/// removes them) and the snapshots (which read the one they were taken with).
+pub(crate) struct Partitions {
+    current: RwLock<Arc<Catalog>>,
+    next_id: RwLock<PartitionId>,
+}
+
+impl Partitions {
+    /// The catalog of the partition tables named in `names`; other names are ignored.
+    pub(crate) fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Partitions {
+        let parts: Vec<Arc<Partition>> = names
+            .into_iter()
+            .filter_map(|name| {
+                let (start, width, ttl) = Partition::parse_name(name)?;
+                Some((name.to_string(), start, width, ttl))
+            })
+            .enumerate()
+            .map(|(i, (name, start, width, ttl))| {
+                Arc::new(Partition {
+                    id: i as PartitionId + 1,
+                    name,
+                    start,
+                    width,
+                    ttl,
+                })
+            })
+            .collect();
+        let next_id = parts.len() as PartitionId + 1;
+        Partitions {
+            current: RwLock::new(Arc::new(Catalog::new(parts))),
+            next_id: RwLock::new(next_id),
+        }
+    }
+
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.current.read())
+    }
+
+    /// The partition a record last changed at `now` with TTL `ttl` goes to: its window's, or
+    /// the newest of its class if that is newer (the clock went back). Called by the writer
+    /// only, so the catalog cannot change between the look and the install.
+    pub(crate) fn place(&self, now: u64, width: u64, ttl: u64) -> Arc<Partition> {
+        let window = now - now % width.max(1);
+        let catalog = self.catalog();
+        if let Some(p) = catalog.newest(width, ttl)
+            && p.start >= window
+        {
+            return Arc::clone(p);
+        }
+        let id = {
+            let mut next = self.next_id.write();
+            let id = *next;
+            *next = next.wrapping_add(1).max(1);
+            id
+        };
+        let part = Arc::new(Partition {
+            id,
+            name: Partition::name_for(window, width, ttl),
+            start: window,
+            width,
+            ttl,
+        });
+        let mut parts = catalog.parts.clone();
+        parts.push(Arc::clone(&part));
+        *self.current.write() = Arc::new(Catalog::new(parts));
+        part
+    }
+
+    /// Forgets a dropped partition.
+    pub(crate) fn remove(&self, id: PartitionId) {
+        let mut current = self.current.write();
+        let parts = current
+            .parts
+            .iter()
+            .filter(|p| p.id != id)
+            .cloned()
+            .collect();
+        *current = Arc::new(Catalog::new(parts));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort_by_window() {
+        let a = Partition::name_for(3_600_000, 3_600_000, 60_000);
+        assert_eq!(a, "idemdb_p_00000000000003600000_3600000_60000");
+        assert_eq!(
+            Partition::parse_name(&a),
+            Some((3_600_000, 3_600_000, 60_000))
+        );
+        assert!(Partition::name_for(999, 1, 1) < Partition::name_for(1000, 1, 1));
+        for bad in [
+            "idemdb_p_1_2",
+            "idemdb_p_1_0_5",
+            "idemdb_p_x_1_1",
+            "idemdb_p_1_1_1_1",
+            "t",
+        ] {
+            assert_eq!(Partition::parse_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn placement_follows_the_window_and_never_goes_back() {
+        let parts = Partitions::from_names([]);
+        let a = parts.place(10_500, 1_000, 50);
+        assert_eq!((a.start, a.drop_at()), (10_000, 11_050));
+        assert_eq!(parts.place(10_999, 1_000, 50).id, a.id);
+        let other_ttl = parts.place(10_999, 1_000, 70);
+        assert_ne!(other_ttl.id, a.id);
+        let b = parts.place(11_000, 1_000, 50);
+        assert_eq!(b.start, 11_000);
+        assert_eq!(
+            parts.place(10_200, 1_000, 50).id,
+            b.id,
+            "the clock went back"
+        );
+        assert_eq!(parts.catalog().parts().len(), 3);
+        parts.remove(a.id);
+        assert!(parts.catalog().get(a.id).is_none());
+        assert!(parts.catalog().get(b.id).is_some());
+    }
+
+    #[test]
+    fn reopening_reads_the_catalog_from_table_names() {
+        let names = [
+            Partition::name_for(2_000, 1_000, 5),
+            "idemdb_meta".to_string(),
+            Partition::name_for(1_000, 1_000, 5),
+        ];
+        let parts = Partitions::from_names(names.iter().map(String::as_str));
+        let catalog = parts.catalog();
+        let starts: Vec<u64> = catalog.parts().iter().map(|p| p.start).collect();
+        assert_eq!(starts, [1_000, 2_000]);
+        assert_eq!(parts.place(2_500, 1_000, 5).start, 2_000);
+    }
+}

@@ -1,0 +1,212 @@
+//! Retention settings: how long a record counts as a duplicate (its TTL, per operation), how
+//! records are grouped into time partitions, and what happens to a key that comes back after
+//! its record was dropped.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::clock::duration_ms;
+use crate::error::{Error, InputError};
+use crate::scope::RecordKey;
+
+/// What [`reserve`](crate::IdemDb::reserve) and [`execute`](crate::IdemDb::execute) do with
+/// a key whose record already expired (beyond the duplicate horizon), while it is still
+/// recognised (see [`Retention::horizon_factor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BeyondHorizonPolicy {
+    /// Run it as new, but say so: [`Reservation::is_beyond_horizon`](crate::Reservation::is_beyond_horizon)
+    /// and [`Tx::is_beyond_horizon`](crate::Tx::is_beyond_horizon) are true and
+    /// `Stats::beyond_horizon` counts it.
+    #[default]
+    Flag,
+    /// Refuse it with `ReserveOutcome::BeyondHorizon` / `ExecuteOutcome::BeyondHorizon`;
+    /// nothing is written.
+    Refuse,
+}
+
+/// Retention settings; set them with [`Builder::retention`](crate::Builder::retention) or
+/// the shortcuts next to it.
+///
+/// ```
+/// use idemdb::{BeyondHorizonPolicy, IdemDb, Retention};
+/// use std::time::Duration;
+/// # let dir = tempfile::tempdir()?;
+/// let retention = Retention::default()
+///     .ttl(Duration::from_secs(10 * 60))
+///     .operation_ttl("redrive orders", Duration::from_secs(3 * 24 * 3600))
+///     .beyond_horizon(BeyondHorizonPolicy::Refuse);
+/// let db = IdemDb::builder().retention(retention).open(dir.path().join("db"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// How long a record counts after its last change, for operations without a TTL of their
+    /// own (default 24 hours).
+    pub default_ttl: Duration,
+    /// Width of a time partition (default 1 hour). A partition holds the records last
+    /// changed in one such window with one TTL, and is dropped whole once they all expired:
+    /// at most one width after the last of them did.
+    pub partition_width: Duration,
+    /// How long a dropped key is still recognised, as a multiple of its TTL counted from its
+    /// last change (default 4; 0 turns recognition off).
+    pub horizon_factor: u32,
+    /// What to do with a recognised key (default [`BeyondHorizonPolicy::Flag`]).
+    pub beyond_horizon: BeyondHorizonPolicy,
+    /// How often, in real time, the background compactor looks for due partitions (default
+    /// 60 s). `None`: no background thread; call [`IdemDb::compact_now`](crate::IdemDb::compact_now).
+    pub compact_interval: Option<Duration>,
+    operation_ttls: HashMap<Box<[u8]>, Duration>,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            default_ttl: Duration::from_secs(24 * 3600),
+            partition_width: Duration::from_secs(3600),
+            horizon_factor: 4,
+            beyond_horizon: BeyondHorizonPolicy::Flag,
+            compact_interval: Some(Duration::from_secs(60)),
+            operation_ttls: HashMap::new(),
+        }
+    }
+}
+
+impl Retention {
+    /// Sets [`default_ttl`](Self::default_ttl).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// A TTL for one operation (as in [`Scope::new`](crate::Scope::new)), overriding the
+    /// default.
+    pub fn operation_ttl(mut self, operation: impl AsRef<[u8]>, ttl: Duration) -> Self {
+        self.operation_ttls.insert(operation.as_ref().into(), ttl);
+        self
+    }
+
+    /// Sets [`partition_width`](Self::partition_width).
+    pub fn partition_width(mut self, width: Duration) -> Self {
+        self.partition_width = width;
+        self
+    }
+
+    /// Sets [`horizon_factor`](Self::horizon_factor).
+    pub fn horizon_factor(mut self, factor: u32) -> Self {
+        self.horizon_factor = factor;
+        self
+    }
+
+    /// Sets [`beyond_horizon`](Self::beyond_horizon).
+    pub fn beyond_horizon(mut self, policy: BeyondHorizonPolicy) -> Self {
+        self.beyond_horizon = policy;
+        self
+    }
+
+    /// Sets [`compact_interval`](Self::compact_interval).
+    pub fn compact_interval(mut self, interval: Option<Duration>) -> Self {
+        self.compact_interval = interval;
+        self
+    }
+
+    /// The TTL in force for `operation`.
+    pub fn ttl_for(&self, operation: &[u8]) -> Duration {
+        self.operation_ttls
+            .get(operation)
+            .copied()
+            .unwrap_or(self.default_ttl)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let ttls = std::iter::once(("ttl", self.default_ttl))
+            .chain(self.operation_ttls.values().map(|t| ("operation ttl", *t)));
+        for (what, d) in ttls.chain([("partition width", self.partition_width)]) {
+            if duration_ms(d) == 0 {
+                return Err(Error::InvalidInput(InputError::Empty { what }));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn rules(&self) -> Rules {
+        Rules {
+            default_ttl_ms: duration_ms(self.default_ttl),
+            width_ms: duration_ms(self.partition_width),
+            horizon_factor: u64::from(self.horizon_factor),
+            policy: self.beyond_horizon,
+            operation_ttls: self
+                .operation_ttls
+                .iter()
+                .map(|(op, ttl)| (op.clone(), duration_ms(*ttl)))
+                .collect(),
+        }
+    }
+}
+
+/// [`Retention`] in milliseconds, as the writer and the compactor use it.
+#[derive(Debug, Clone)]
+pub(crate) struct Rules {
+    pub(crate) default_ttl_ms: u64,
+    pub(crate) width_ms: u64,
+    pub(crate) horizon_factor: u64,
+    pub(crate) policy: BeyondHorizonPolicy,
+    operation_ttls: HashMap<Box<[u8]>, u64>,
+}
+
+impl Rules {
+    /// The TTL of the record stored under `key`.
+    pub(crate) fn ttl_ms(&self, key: &RecordKey) -> u64 {
+        if self.operation_ttls.is_empty() {
+            return self.default_ttl_ms;
+        }
+        RecordKey::split(key.as_bytes())
+            .and_then(|(op, _, _)| self.operation_ttls.get(op).copied())
+            .unwrap_or(self.default_ttl_ms)
+    }
+
+    /// How long after its partition's window a dropped key is still recognised.
+    pub(crate) fn horizon_ms(&self, ttl_ms: u64) -> u64 {
+        ttl_ms.saturating_mul(self.horizon_factor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+    use crate::scope::{Key, Scope};
+
+    #[test]
+    fn per_operation_ttl_overrides_the_default() {
+        let rules = Retention::default()
+            .ttl(Duration::from_secs(60))
+            .operation_ttl("redrive", Duration::from_secs(7200))
+            .rules();
+        let key = |op: &str| {
+            RecordKey::encode(&Scope::new(op, "p"), &Key::new("k"), &Limits::default()).unwrap()
+        };
+        assert_eq!(rules.ttl_ms(&key("redrive")), 7_200_000);
+        assert_eq!(rules.ttl_ms(&key("other")), 60_000);
+        assert_eq!(rules.horizon_ms(60_000), 240_000);
+    }
+
+    #[test]
+    fn zero_durations_are_refused() {
+        assert!(Retention::default().ttl(Duration::ZERO).validate().is_err());
+        assert!(
+            Retention::default()
+                .partition_width(Duration::from_micros(10))
+                .validate()
+                .is_err()
+        );
+        assert!(
+            Retention::default()
+                .operation_ttl("x", Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(Retention::default().validate().is_ok());
+    }
+}
