@@ -65,26 +65,21 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
         .saturating_add(part.width)
         .saturating_add(layout.rules.horizon_ms(part.ttl));
     let keep = layout.rules.horizon_factor > 0 && now < until;
-    // Read outside the writer: the partition is expired, so nothing writes to it any more.
-    let (count, tags) = {
-        let txn = writer.db.begin_read()?;
-        match txn.open_table(part.table()) {
-            Ok(table) => {
-                let mut tags = Vec::new();
-                if keep {
-                    for entry in table.iter()? {
-                        tags.push(tag(layout.index.hash(entry?.0.value())));
-                    }
-                    tags.sort_unstable();
-                    tags.dedup();
-                }
-                (table.len()?, tags)
-            }
+    // Read outside the writer, so the batches do not wait for it; checked again below.
+    let read = match writer.db.begin_read()?.open_table(part.table()) {
+        Ok(table) => read_keys(&table, writer, keep)?,
+        Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let (count, tags) = writer.exclusive(|txn| {
+        let (count, tags) = match txn.open_table(part.table()) {
+            // A batch that read the clock before this pass did may have added a record
+            // (already expired) since the read: read again, under the writer's lock.
+            Ok(table) if table.len()? != read.0 => read_keys(&table, writer, keep)?,
+            Ok(_) => read,
             Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
             Err(e) => return Err(e.into()),
-        }
-    };
-    writer.exclusive(|txn| {
+        };
         txn.delete_table(part.table())?;
         if keep && !tags.is_empty() {
             txn.open_table(HORIZON)?.insert(
@@ -94,7 +89,7 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
         }
         // Under the writer's lock, so no batch reopens (and so recreates) the table.
         layout.partitions.remove(part.id);
-        Ok(())
+        Ok((count, tags))
     })?;
     layout.horizon.add(tags, until);
     if layout.partitions.catalog().parts().is_empty() {
@@ -105,6 +100,23 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
     writer.stats.add_n(Counter::ExpiredRecords, count);
     writer.stats.add(Counter::PartitionsDropped);
     Ok(count)
+}
+
+/// The number of records in a partition table and, if `with_tags`, their keys' tags, sorted.
+fn read_keys(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    writer: &Writer,
+    with_tags: bool,
+) -> Result<(u64, Vec<u32>), Error> {
+    let mut tags = Vec::new();
+    if with_tags {
+        for entry in table.iter()? {
+            tags.push(tag(writer.layout.index.hash(entry?.0.value())));
+        }
+        tags.sort_unstable();
+        tags.dedup();
+    }
+    Ok((table.len()?, tags))
 }
 
 /// Removes IN_PROGRESS records whose lease ended more than a TTL ago: their owner is gone.

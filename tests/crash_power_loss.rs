@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use idemdb::testing::{FaultBackend, KeyLog, Script, TearMode, check_recovered, run_workload};
+use idemdb::testing::{
+    FaultBackend, KeyLog, Script, TearMode, check_recovered, run_workload, workload_retention,
+};
 use idemdb::{IdemDb, ManualClock};
 
 const THREADS: usize = 4;
@@ -26,6 +28,7 @@ fn run(sync: Option<(u64, TearMode)>, scripts_per_thread: usize) -> Run {
     let db = Arc::new(
         IdemDb::builder()
             .clock(clock.clone())
+            .retention(workload_retention())
             .open_with_backend(backend.clone())
             .unwrap(),
     );
@@ -53,6 +56,7 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
     assert_eq!(summary.in_flight, 0);
 
     let (mut points, mut runs, mut torn, mut acked, mut in_flight) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut in_drops, mut recognised, mut max_partitions) = (0u64, 0u64, 0u64);
     let mut n = 0;
     loop {
         let modes = [
@@ -74,6 +78,9 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
                 .unwrap_or_else(|e| panic!("crash in sync {n} with {mode:?}: {e}"));
             acked += check.acked_calls;
             in_flight += check.in_flight;
+            in_drops += check.compactions_in_flight;
+            recognised += check.recognised_after_crash;
+            max_partitions = max_partitions.max(check.partitions);
         }
         if !reached {
             break;
@@ -83,9 +90,12 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
     }
     eprintln!(
         "crash points: {points}, crashed runs: {runs} ({torn} with random tear patterns), \
-         acknowledged calls verified: {acked}, in-flight calls resolved: {in_flight}, \
-         {:.1} s",
+         acknowledged calls verified: {acked}, in-flight calls resolved: {in_flight} \
+         ({in_drops} of them partition drops), dropped keys recognised after the crash: \
+         {recognised}, up to {max_partitions} partitions, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     assert!(points >= 20, "the workload synced only {points} times");
+    assert!(in_drops > 0, "no crash struck during a partition drop");
+    assert!(recognised > 0, "no dropped key was checked after a crash");
 }

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemdb::testing::{Fault, FaultBackend, KeyLog, Script, check_recovered, run_workload};
+use idemdb::testing::{
+    Fault, FaultBackend, KeyLog, Script, check_recovered, run_workload, workload_retention,
+};
 use idemdb::{Error, IdemDb, Key, ManualClock, ReserveOutcome, Scope};
 
 const THREADS: usize = 3;
@@ -18,6 +20,7 @@ fn run_with(fault: Fault) -> bool {
     let db = Arc::new(
         IdemDb::builder()
             .clock(clock.clone())
+            .retention(workload_retention())
             .open_with_backend(backend.clone())
             .unwrap(),
     );

@@ -5,7 +5,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use idemdb::testing::{FaultBackend, KeyLog, Script, TearMode, check_recovered, run_script};
+use idemdb::testing::{
+    FaultBackend, KeyLog, Script, TearMode, check_recovered, run_script, workload_retention,
+};
 use idemdb::{IdemDb, ManualClock};
 use libfuzzer_sys::fuzz_target;
 
@@ -37,6 +39,7 @@ fuzz_target!(|input: Input| {
     let clock = ManualClock::new(1_700_000_000_000 + u64::from(input.start_ms));
     let db = IdemDb::builder()
         .clock(clock.clone())
+        .retention(workload_retention())
         .open_with_backend(backend.clone())
         .expect("open an empty backend");
     backend.crash_at_sync(u64::from(input.crash_sync), mode);

@@ -6,7 +6,9 @@ mod backend;
 mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
-pub use workload::{CrashCheck, KeyLog, Script, check_recovered, run_script, run_workload};
+pub use workload::{
+    CrashCheck, KeyLog, Script, check_recovered, run_script, run_workload, workload_retention,
+};
 
 /// Operations queued for the writer and not yet taken into a batch: lets a test line up a
 /// batch without sleeping.

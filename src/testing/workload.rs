@@ -13,10 +13,12 @@ use redb::{ReadableTable, TableDefinition, TableHandle};
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
 use crate::error::Error;
+use crate::horizon::HORIZON;
 use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::partition::Partition;
 use crate::record::{Record, RecordState};
+use crate::retention::Retention;
 use crate::scope::{Key, Scope};
 use crate::token::Reservation;
 
@@ -45,11 +47,15 @@ pub enum Script {
     /// reserve with a short lease, the clock passes it, a takeover, the stale owner is
     /// fenced, the new owner completes
     Takeover,
+    /// under the short-TTL operation (see [`workload_retention`]): reserve, complete, the clock
+    /// passes the TTL, `compact_now` drops the partition, the key comes back and is acquired
+    /// flagged beyond the horizon, and completes again
+    Expire,
 }
 
 impl Script {
     /// Every script, for mapping fuzz bytes or indices.
-    pub const ALL: [Script; 8] = [
+    pub const ALL: [Script; 9] = [
         Script::Complete,
         Script::Fail,
         Script::ReleaseThenComplete,
@@ -58,7 +64,24 @@ impl Script {
         Script::Execute,
         Script::ExecuteErrThenExecute,
         Script::Takeover,
+        Script::Expire,
     ];
+}
+
+/// The operation whose records expire in the workload: TTL 1 s.
+const EXPIRING_OP: &str = "crash-expire";
+
+/// The retention every workload database is opened with: records of [`Script::Expire`] live
+/// 1 s, all others ten years (they never expire during a run); partitions are 1 s wide, so a
+/// run spreads its records over dozens of them; dropped keys are recognised for a million
+/// TTLs; no background compactor (the scripts compact).
+pub fn workload_retention() -> Retention {
+    Retention::default()
+        .ttl(Duration::from_secs(3650 * 86_400))
+        .operation_ttl(EXPIRING_OP, Duration::from_secs(1))
+        .partition_width(Duration::from_secs(1))
+        .horizon_factor(1_000_000)
+        .compact_interval(None)
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -74,6 +97,9 @@ enum Expect {
         response: Vec<u8>,
         row: bool,
     },
+    /// A COMPLETED record with this response (no business row) whose TTL may have passed:
+    /// absent once expired.
+    Expiring(Vec<u8>),
 }
 
 impl std::fmt::Debug for Expect {
@@ -89,6 +115,7 @@ impl std::fmt::Debug for Expect {
             Expect::Failed { response, row } => {
                 write!(f, "Failed({}, row {row})", digest(response))
             }
+            Expect::Expiring(response) => write!(f, "Expiring({})", digest(response)),
         }
     }
 }
@@ -101,9 +128,22 @@ pub struct KeyLog {
     in_flight: Option<Expect>,
     max_token: u64,
     acked_calls: u64,
+    /// A compaction that dropped this key's partition was acknowledged: once absent, the
+    /// key must still be recognised beyond the horizon.
+    dropped: bool,
+    /// The call in flight is a compaction (partition drops).
+    compacting: bool,
 }
 
 impl KeyLog {
+    fn scope(&self) -> Scope {
+        if self.key.ends_with(&format!("{:?}", Script::Expire)) {
+            expiring_scope()
+        } else {
+            scope()
+        }
+    }
+
     /// A log for a key that has no record yet.
     pub fn new(key: impl Into<String>) -> Self {
         KeyLog {
@@ -112,6 +152,8 @@ impl KeyLog {
             in_flight: None,
             max_token: 0,
             acked_calls: 0,
+            dropped: false,
+            compacting: false,
         }
     }
 
@@ -148,6 +190,10 @@ impl KeyLog {
 
 fn scope() -> Scope {
     Scope::new("crash", "workload")
+}
+
+fn expiring_scope() -> Scope {
+    Scope::new(EXPIRING_OP, "workload")
 }
 
 /// A response long enough to span several sectors, different for every key and step.
@@ -200,11 +246,23 @@ pub fn run_workload(
 }
 
 fn reserve(db: &IdemDb, log: &mut KeyLog, lease: Duration, takeover: bool) -> Option<Reservation> {
+    reserve_in(db, &scope(), log, lease, takeover, false)
+}
+
+fn reserve_in(
+    db: &IdemDb,
+    scope: &Scope,
+    log: &mut KeyLog,
+    lease: Duration,
+    takeover: bool,
+    beyond_horizon: bool,
+) -> Option<Reservation> {
     let key = Key::new(&log.key);
     let r = log.call(Expect::InProgress(None), || {
-        match db.reserve(&scope(), &key, log_payload(), lease) {
+        match db.reserve(scope, &key, log_payload(), lease) {
             Ok(ReserveOutcome::Acquired(r)) => {
                 assert_eq!(r.is_takeover(), takeover, "takeover flag");
+                assert_eq!(r.is_beyond_horizon(), beyond_horizon, "beyond-horizon flag");
                 Ok(r)
             }
             Ok(other) => panic!("reserve: expected Acquired, got {other:?}"),
@@ -339,6 +397,25 @@ fn run(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> Op
                 owner_call(db.complete(&fresh, response(&key, "c")))
             })
         }
+        Script::Expire => {
+            let scope = expiring_scope();
+            let r = reserve_in(db, &scope, log, LONG_LEASE, false, false)?;
+            let first = response(&key, "e1");
+            log.call(Expect::Expiring(first.clone()), || {
+                owner_call(db.complete(&r, first.clone()))
+            })?;
+            clock.advance(Duration::from_secs(3));
+            let same = log.acked.clone();
+            log.compacting = true;
+            log.call(same, || db.compact_now().map_err(|e| e.to_string()))?;
+            log.compacting = false;
+            log.dropped = true;
+            let r = reserve_in(db, &scope, log, LONG_LEASE, false, true)?;
+            let second = response(&key, "e2");
+            log.call(Expect::Expiring(second.clone()), || {
+                owner_call(db.complete(&r, second.clone()))
+            })
+        }
     }
 }
 
@@ -373,6 +450,12 @@ pub struct CrashCheck {
     pub in_flight: u64,
     /// Records decoded in the full scan.
     pub records_scanned: u64,
+    /// Of the calls in flight, compactions (the crash struck during partition drops).
+    pub compactions_in_flight: u64,
+    /// Partition tables found in the recovered file.
+    pub partitions: u64,
+    /// Dropped keys checked to be recognised beyond the horizon after the crash.
+    pub recognised_after_crash: u64,
 }
 
 /// Checks invariants I1–I5 on a database reopened after a crash: every key holds its
@@ -395,6 +478,7 @@ pub fn check_recovered(
     drop(raw);
     let db = IdemDb::builder()
         .clock(clock)
+        .retention(workload_retention())
         .open_with_backend(super::FaultBackend::from_image(image))
         .map_err(|e| format!("reopen failed: {e}"))?;
     let mut summary = CrashCheck::default();
@@ -405,9 +489,11 @@ pub fn check_recovered(
         Err(e) => return Err(e.to_string()),
     };
     let mut max_token = 0;
+    let mut dropped_absent = Vec::new();
     for log in logs {
+        let log_scope = log.scope();
         let rec = db
-            .get(&scope(), &Key::new(&log.key))
+            .get(&log_scope, &Key::new(&log.key))
             .map_err(|e| format!("{}: {e}", log.key))?;
         let row = match &rows {
             Some(t) => t
@@ -425,6 +511,9 @@ pub fn check_recovered(
                 log.key, log.acked, log.in_flight
             ));
         }
+        if log.dropped && actual == Expect::Absent {
+            dropped_absent.push(log);
+        }
         max_token = max_token.max(log.max_token);
         if let Some(r) = &rec {
             max_token = max_token.max(r.token.get());
@@ -432,6 +521,7 @@ pub fn check_recovered(
         summary.keys += 1;
         summary.acked_calls += log.acked_calls;
         summary.in_flight += u64::from(log.in_flight.is_some());
+        summary.compactions_in_flight += u64::from(log.in_flight.is_some() && log.compacting);
     }
     let partitions: Vec<String> = read
         .list_tables()
@@ -456,7 +546,25 @@ pub fn check_recovered(
             summary.records_scanned += 1;
         }
     }
+    check_drops_atomic(&read, &partitions)?;
+    summary.partitions = partitions.len() as u64;
     drop((rows, read));
+    // A dropped key is still recognised after the crash: its horizon set was durable with
+    // the drop (or its expired record is still there).
+    for log in dropped_absent {
+        match db.reserve(&log.scope(), &Key::new(&log.key), log_payload(), LONG_LEASE) {
+            Ok(ReserveOutcome::Acquired(r)) if r.is_beyond_horizon() => {
+                max_token = max_token.max(r.token().get());
+                summary.recognised_after_crash += 1;
+            }
+            other => {
+                return Err(format!(
+                    "{}: dropped key not recognised after reopen: {other:?}",
+                    log.key
+                ));
+            }
+        }
+    }
     let probe = Key::new(format!("probe-{}", db.clock.now_ms()));
     match db.reserve(&scope(), &probe, b"probe", LONG_LEASE) {
         Ok(ReserveOutcome::Acquired(r)) if r.token().get() > max_token => Ok(summary),
@@ -466,6 +574,22 @@ pub fn check_recovered(
         )),
         other => Err(format!("probe reservation after reopen: {other:?}")),
     }
+}
+
+/// I6: a partition drop is atomic with its horizon set: no horizon row names a partition
+/// table that still exists.
+fn check_drops_atomic(read: &redb::ReadTransaction, partitions: &[String]) -> Result<(), String> {
+    let horizon = read.open_table(HORIZON).map_err(|e| e.to_string())?;
+    for row in horizon.iter().map_err(|e| e.to_string())? {
+        let (k, _) = row.map_err(|e| e.to_string())?;
+        let name = String::from_utf8_lossy(k.value().get(8..).unwrap_or_default()).to_string();
+        if partitions.contains(&name) {
+            return Err(format!(
+                "partition {name} has a horizon set but was not dropped"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn observed(rec: Option<&Record>, row: Option<&[u8]>, key: &str) -> Result<Expect, String> {
@@ -497,6 +621,8 @@ fn observed(rec: Option<&Record>, row: Option<&[u8]>, key: &str) -> Result<Expec
 fn matches(expected: &Expect, actual: &Expect) -> bool {
     match (expected, actual) {
         (Expect::InProgress(None), Expect::InProgress(Some(_))) => true,
+        (Expect::Expiring(_), Expect::Absent) => true,
+        (Expect::Expiring(e), Expect::Completed { response, row }) => e == response && !row,
         _ => expected == actual,
     }
 }

@@ -171,9 +171,12 @@ impl Writer {
         let out = match f(&txn) {
             Ok(out) => out,
             Err(e) => {
-                // A failed read or write leaves the transaction unusable; nothing committed.
+                // Nothing committed; but a storage error is treated as a failed commit.
                 let _ = txn.abort();
-                return Err(e);
+                return Err(match e {
+                    e @ (Error::Storage(_) | Error::OutcomeUnknown(_)) => fail(e),
+                    other => other,
+                });
             }
         };
         txn.commit().map_err(|e| fail(e.into()))?;
