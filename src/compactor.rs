@@ -38,6 +38,9 @@ pub struct CompactionReport {
 /// One pass at `now`. Passes are serialised by the writer's compaction lock.
 pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Error> {
     let _one_at_a_time = writer.compaction.lock();
+    if writer.is_poisoned() {
+        return Err(writer.refusal());
+    }
     let mut report = CompactionReport::default();
     let due: Vec<Arc<Partition>> = writer
         .layout

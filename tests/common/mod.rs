@@ -26,3 +26,26 @@ pub fn acquired(outcome: ReserveOutcome) -> Reservation {
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
+
+/// A database at `path` on `clock` with `retention` (no background compactor unless the
+/// retention asks for one).
+pub fn open_retained(
+    path: &std::path::Path,
+    clock: &ManualClock,
+    retention: idemdb::Retention,
+) -> IdemDb {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(retention)
+        .open(path)
+        .unwrap()
+}
+
+/// Minute-scale retention for tests: 1-minute partitions, the given default TTL, no
+/// background compactor.
+pub fn minutes(ttl_minutes: u64) -> idemdb::Retention {
+    idemdb::Retention::default()
+        .ttl(std::time::Duration::from_secs(60 * ttl_minutes))
+        .partition_width(std::time::Duration::from_secs(60))
+        .compact_interval(None)
+}

@@ -1,0 +1,62 @@
+//! Space: dropped partitions' pages are reused, so repeated fill-and-expire cycles of the same
+//! size do not grow the file beyond the first cycle's size + 10%.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{T0, minutes, open_retained};
+use idemdb::{Error, ExecuteOutcome, Key, ManualClock, Outcome, Scope};
+
+const THREADS: usize = 16;
+const PER_THREAD: usize = 1_000;
+const CYCLES: usize = 5;
+
+fn fill(db: &Arc<idemdb::IdemDb>, cycle: usize) {
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let db = Arc::clone(db);
+            std::thread::spawn(move || {
+                let scope = Scope::new("op", format!("user-{t}"));
+                for i in 0..PER_THREAD {
+                    let key = Key::new(format!("c{cycle}-{i:06}-{:032x}", i * 7919 + t));
+                    let response = vec![(i % 251) as u8; 200];
+                    let out = db
+                        .execute(&scope, &key, b"payload", move |_| {
+                            Ok::<_, Error>(Outcome::Completed(response))
+                        })
+                        .unwrap();
+                    assert!(matches!(out, ExecuteOutcome::Executed(_)));
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+}
+
+#[test]
+fn fill_and_expire_cycles_reuse_the_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let db = Arc::new(open_retained(&dir.path().join("db"), &clock, minutes(5)));
+    let mut sizes = Vec::new();
+    for cycle in 0..CYCLES {
+        fill(&db, cycle);
+        let stats = db.stats();
+        assert_eq!(stats.stored_records, (THREADS * PER_THREAD) as u64);
+        sizes.push(stats.bytes_on_disk);
+        clock.advance(Duration::from_secs(10 * 60));
+        let report = db.compact_now().unwrap();
+        assert_eq!(report.records_expired, (THREADS * PER_THREAD) as u64);
+        assert_eq!(db.stats().stored_records, 0);
+    }
+    eprintln!("file size after each fill: {sizes:?}");
+    let first = sizes[0];
+    for (cycle, size) in sizes.iter().enumerate() {
+        assert!(
+            *size as f64 <= first as f64 * 1.10,
+            "cycle {cycle}: {size} bytes against {first} after the first fill ({sizes:?})"
+        );
+    }
+}
