@@ -1,7 +1,8 @@
 //! Opening a database: settings, and the checks that it is one of ours.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::StorageBackend;
 
@@ -9,6 +10,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Limits, WriterConfig};
 use crate::db::IdemDb;
 use crate::error::Error;
+use crate::measured::Measured;
 use crate::retention::Retention;
 
 /// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
@@ -127,7 +129,7 @@ impl Builder {
             self.limits,
             self.writer,
             self.retention,
-            Some(path.to_path_buf()),
+            FileSize::Path(path.to_path_buf()),
         )
     }
 
@@ -136,9 +138,10 @@ impl Builder {
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<IdemDb, Error> {
         self.limits.validate()?;
         self.retention.validate()?;
+        let len = Arc::new(AtomicU64::new(0));
         let db = self
             .redb_builder()
-            .create_with_backend(backend)
+            .create_with_backend(Measured::new(backend, Arc::clone(&len)))
             .map_err(open_error)?;
         IdemDb::from_parts(
             db,
@@ -146,7 +149,7 @@ impl Builder {
             self.limits,
             self.writer,
             self.retention,
-            None,
+            FileSize::Backend(len),
         )
     }
 
@@ -176,5 +179,20 @@ fn open_error(e: redb::DatabaseError) -> Error {
         }
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => Error::Corrupted(msg),
         other => other.into(),
+    }
+}
+
+/// Where `stats()` finds the size of the database.
+pub(crate) enum FileSize {
+    Path(PathBuf),
+    Backend(Arc<AtomicU64>),
+}
+
+impl FileSize {
+    pub(crate) fn bytes(&self) -> u64 {
+        match self {
+            FileSize::Path(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            FileSize::Backend(len) => len.load(Ordering::Relaxed),
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
-use crate::builder::Builder;
+use crate::builder::{Builder, FileSize};
 use crate::clock::Clock;
 use crate::compactor::{CompactionReport, Compactor, compact};
 use crate::config::{Limits, WriterConfig};
@@ -73,8 +73,8 @@ pub struct IdemDb {
     /// Started by the first async wait that needs a deadline.
     timer: OnceLock<Timer>,
     retention: Retention,
-    /// The file, when opened by path (for its size in `stats`).
-    file: Option<std::path::PathBuf>,
+    /// Where its size is read, for `stats`.
+    file: FileSize,
 }
 
 impl fmt::Debug for IdemDb {
@@ -116,7 +116,7 @@ impl IdemDb {
         limits: Limits,
         config: WriterConfig,
         retention: Retention,
-        file: Option<std::path::PathBuf>,
+        file: FileSize,
     ) -> Result<IdemDb, Error> {
         let rules = retention.rules();
         let meta = meta::load_or_init(&db, &rules)?;
@@ -210,10 +210,7 @@ impl IdemDb {
                     .map(|p| len(txn.open_table(p.table())))
                     .sum::<u64>();
         }
-        stats.bytes_on_disk = match &self.file {
-            Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-            None => 0,
-        };
+        stats.bytes_on_disk = self.file.bytes();
         stats
     }
 

@@ -38,6 +38,7 @@ mod fingerprint;
 mod horizon;
 mod key_index;
 mod locate;
+mod measured;
 mod meta;
 mod ops;
 mod outcome;

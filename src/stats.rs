@@ -104,7 +104,7 @@ pub struct Stats {
     pub horizon_keys: u64,
     /// Key hashes in the in-memory partition index (about 16 bytes of memory each).
     pub indexed_keys: u64,
-    /// Size of the database file in bytes (of the backend, when opened over one).
+    /// Size of the database file in bytes (of the storage, when opened over a backend).
     pub bytes_on_disk: u64,
 }
 
