@@ -151,7 +151,12 @@ impl Partitions {
         let id = {
             let mut next = self.next_id.write();
             let id = *next;
-            *next = next.wrapping_add(1).max(1);
+            // 0 means "empty" and MAX "anywhere" in the key index; neither is an id.
+            *next = if *next >= PartitionId::MAX - 1 {
+                1
+            } else {
+                *next + 1
+            };
             id
         };
         let part = Arc::new(Partition {
