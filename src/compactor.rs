@@ -74,7 +74,7 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
         Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    let (count, tags) = writer.exclusive(|txn| {
+    let count = writer.exclusive(|txn| {
         let (count, tags) = match txn.open_table(part.table()) {
             // A batch that read the clock before this pass did may have added a record
             // (already expired) since the read: read again, under the writer's lock.
@@ -90,11 +90,12 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
                 encode_tags(&tags).as_slice(),
             )?;
         }
-        // Under the writer's lock, so no batch reopens (and so recreates) the table.
+        // Under the writer's lock, so that no batch reopens (and so recreates) the table, and
+        // none runs between the drop and the recognition of its keys.
         layout.partitions.remove(part.id);
-        Ok((count, tags))
+        layout.horizon.add(tags, until);
+        Ok(count)
     })?;
-    layout.horizon.add(tags, until);
     // After the commit, outside the writer's lock: a batch that still finds the id in the
     // index skips it, as the catalog no longer has it.
     layout.index.remove_partition(part.id);

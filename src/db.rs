@@ -324,7 +324,7 @@ impl IdemDb {
     /// replayed, byte for byte, to every duplicate.
     ///
     /// Refused with [`Error::Fenced`] if the reservation was taken over,
-    /// [`Error::UnknownRecord`] if it was released, [`Error::NotInProgress`] if it was already
+    /// [`Error::UnknownRecord`] if it was released or expired, [`Error::NotInProgress`] if it was already
     /// finished; nothing changes then.
     pub fn complete(
         &self,
@@ -361,7 +361,8 @@ impl IdemDb {
 
     /// Renews the lease for long work: it now runs out `lease` from now. Updates
     /// `reservation`'s expiry. Refused as [`complete`](Self::complete) is; an owner whose lease
-    /// ran out but who was not taken over may still extend.
+    /// ran out but who was not taken over may still extend, until the record expires (a TTL
+    /// after the lease's end).
     pub fn extend(&self, reservation: &mut Reservation, lease: Duration) -> Result<(), Error> {
         let op = Self::prepare_extend(reservation, lease)?;
         let done = self

@@ -69,7 +69,8 @@ pub enum Error {
         /// The token the record holds now.
         current: FencingToken,
     },
-    /// No record exists for the reservation (it was released). Nothing changed.
+    /// No live record exists for the reservation: it was released, or it expired (its lease
+    /// ended more than a TTL ago). Nothing changed.
     UnknownRecord,
     /// The record is not IN_PROGRESS any more (already completed or failed by this token).
     /// Nothing changed.

@@ -17,12 +17,12 @@ use crate::scope::RecordKey;
 pub(crate) const RESERVED_PREFIX: &str = "idemdb_";
 
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
-/// Format 2's table of finished records; format 3 keeps them in time partitions
-/// (partition.rs). Read only by the upgrade.
+/// The records table of formats 1 (all records) and 2 (finished records); format 3 keeps
+/// finished records in time partitions (partition.rs). Read only by the upgrades.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_records");
 /// IN_PROGRESS records only. Kept apart because it stays small (bounded by the work in flight):
-/// a batch of reservations dirties a few of its pages instead of one random leaf of the big
-/// table each.
+/// a batch of reservations dirties a few of its pages instead of random leaves of the
+/// partitions.
 pub(crate) const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inflight");
 
 const MAGIC_KEY: &str = "magic";

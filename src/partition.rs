@@ -16,7 +16,8 @@ use redb::TableDefinition;
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
 const PREFIX: &str = "idemdb_p_";
 
-/// In-process identity of a partition, for the key index: never reused while open.
+/// In-process identity of a partition, for the key index. Ids wrap back to 1 only after
+/// 4 billion partitions were created in one process.
 pub(crate) type PartitionId = u32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

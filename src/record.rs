@@ -4,8 +4,8 @@ use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::token::FencingToken;
 
-/// Version byte that starts every encoded record. Version 1 (format 2) lacked `expires_at`; it
-/// is read only while a database is upgraded.
+/// Version byte that starts every encoded record. Version 1 (formats 1 and 2) lacked
+/// `expires_at`; it is read only while a database is upgraded.
 pub(crate) const RECORD_VERSION: u8 = 2;
 /// Bytes before the response: version, state, fingerprint, token, lease, created, updated,
 /// attempts, expires.

@@ -10,8 +10,8 @@ use crate::error::{Error, InputError};
 use crate::scope::RecordKey;
 
 /// What [`reserve`](crate::IdemDb::reserve) and [`execute`](crate::IdemDb::execute) do with
-/// a key whose record already expired (beyond the duplicate horizon), while it is still
-/// recognised (see [`Retention::horizon_factor`]).
+/// a key that comes back beyond its duplicate horizon: its record expired and is still stored,
+/// or was dropped and its key is still recognised (see [`Retention::horizon_factor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BeyondHorizonPolicy {
@@ -47,10 +47,11 @@ pub struct Retention {
     pub default_ttl: Duration,
     /// Width of a time partition (default 1 hour). A partition holds the records last
     /// changed in one such window with one TTL, and is dropped whole once they all expired:
-    /// at most one width after the last of them did.
+    /// one width after the last of them may have (plus the wait for the next compaction).
     pub partition_width: Duration,
-    /// How long a dropped key is still recognised, as a multiple of its TTL counted from its
-    /// last change (default 4; 0 turns recognition off).
+    /// How long a dropped key is still recognised, as a multiple of its TTL counted from the
+    /// end of its partition's window (default 4: three TTLs after the drop). At 0 or 1 no key
+    /// is kept once dropped; an expired record not yet dropped is still recognised.
     pub horizon_factor: u32,
     /// What to do with a recognised key (default [`BeyondHorizonPolicy::Flag`]).
     pub beyond_horizon: BeyondHorizonPolicy,

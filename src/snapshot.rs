@@ -1,6 +1,7 @@
-//! The shared read snapshot: one open read transaction and records table, replaced by the
-//! writer after every batch that committed, so a replay costs a lock-free-ish load and one
-//! B-tree lookup instead of `begin_read` + `open_table` each time.
+//! The shared read snapshot: one open read transaction with its in-flight table and the
+//! partitions it opened, replaced by the writer after every batch that committed (and after
+//! every compaction step), so a replay costs a lock-free-ish load and B-tree lookups instead of
+//! `begin_read` + `open_table` each time.
 //!
 //! Invariant: the writer installs the snapshot of its batch's commits *before* it answers any
 //! caller of that batch, so a caller that starts after an acknowledged write never reads state
@@ -34,10 +35,11 @@ struct Tables {
 
 impl Tables {
     fn open(db: &Database, layout: &Layout) -> Result<Tables, Error> {
-        // The catalog first: a partition created after it is not probed (the writer decides
-        // then); one dropped after it is still readable in this older transaction.
-        let catalog = layout.partitions.catalog();
+        // The catalog after the transaction: the writer adds a partition to the catalog before
+        // it commits into it, so every partition this transaction sees is in it, unless it
+        // was dropped since, and then all of its records had expired.
         let txn = db.begin_read()?;
+        let catalog = layout.partitions.catalog();
         Ok(Tables {
             inflight: txn.open_table(INFLIGHT)?,
             parts: catalog.parts().iter().map(|_| OnceLock::new()).collect(),

@@ -99,8 +99,8 @@ pub struct Stats {
     pub in_flight_records: u64,
     /// Time partitions stored now.
     pub partitions: u64,
-    /// Dropped keys still recognised for beyond-horizon detection (about 12 bytes of memory
-    /// each).
+    /// Keys held for beyond-horizon recognition: of dropped partitions and swept abandoned
+    /// reservations, until the pass after their horizon ends (about 12 bytes of memory each).
     pub horizon_keys: u64,
     /// Key hashes in the in-memory partition index (about 16 bytes of memory each).
     pub indexed_keys: u64,

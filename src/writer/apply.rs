@@ -1,5 +1,5 @@
 //! Applies queued operations inside one redb write transaction. Pure state transitions over
-//! the records table; committing and batching live in the writer.
+//! the record tables (in-flight and partitions); committing and batching live in the writer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
@@ -141,7 +141,8 @@ impl<'t> Records<'t> {
 
     /// Writes `rec` where its state belongs, setting its expiry: an IN_PROGRESS record to the
     /// in-flight table, a finished one to the current partition of its TTL (and out of the
-    /// in-flight table). A finished record is never rewritten.
+    /// in-flight table). A live finished record is never rewritten (an expired copy may be,
+    /// when the key's next record lands in the same partition).
     fn store(&mut self, key: &RecordKey, hash: u64, rec: &mut Record) -> Result<(), Error> {
         let rules = &self.layout.rules;
         let ttl = rules.ttl_ms(key);
