@@ -10,6 +10,7 @@
 //! recognised one with probability n / 2^32 for n recognised keys (1 million: 0.023%).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use redb::TableDefinition;
@@ -53,9 +54,19 @@ pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
 }
 
-#[derive(Default)]
 pub(crate) struct Horizon {
     tags: RwLock<HashMap<u32, u64>>,
+    /// No tag runs out before this: a pass with nothing to retire does not walk the map.
+    earliest: AtomicU64,
+}
+
+impl Default for Horizon {
+    fn default() -> Self {
+        Horizon {
+            tags: RwLock::default(),
+            earliest: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl Horizon {
@@ -66,15 +77,25 @@ impl Horizon {
 
     pub(crate) fn add(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
         let mut map = self.tags.write();
+        let before = map.len();
         for t in tags {
             let e = map.entry(t).or_insert(until);
             *e = (*e).max(until);
+        }
+        if map.len() > before {
+            self.earliest.fetch_min(until, Ordering::Relaxed);
         }
     }
 
     /// Forgets tags whose horizon passed.
     pub(crate) fn expire(&self, now: u64) {
-        self.tags.write().retain(|_, until| now < *until);
+        if now < self.earliest.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut map = self.tags.write();
+        map.retain(|_, until| now < *until);
+        let earliest = map.values().copied().min().unwrap_or(u64::MAX);
+        self.earliest.store(earliest, Ordering::Relaxed);
     }
 
     pub(crate) fn len(&self) -> usize {

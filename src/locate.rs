@@ -84,41 +84,73 @@ pub(crate) trait PartitionReader {
     fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error>;
 }
 
-/// Looks `key` (whose index hash is `hash`) up in the in-flight table and in the partitions
-/// the index points at.
+/// How far a lookup goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// Every place the key may be: the writer, which must also see expired copies and two
+    /// live ones should the clock have gone back.
+    All,
+    /// Stop at a live finished record: there is no live IN_PROGRESS one beside it (a key has
+    /// at most one live record), so a replay costs one B-tree probe. The snapshots.
+    UntilLive,
+}
+
+/// One key to look up: its bytes, its key-index hash, and the time expiry is judged at.
+pub(crate) struct Lookup<'a> {
+    pub(crate) key: &'a RecordKey,
+    pub(crate) hash: u64,
+    pub(crate) now: u64,
+}
+
+/// Where finished records are: the catalog of partitions, the index into them, and a reader.
+pub(crate) struct Partitioned<'a, R> {
+    pub(crate) catalog: &'a Catalog,
+    pub(crate) index: &'a KeyIndex,
+    pub(crate) reader: &'a mut R,
+}
+
+/// Looks a key up in the partitions the index points at and in the in-flight table.
 pub(crate) fn find(
     inflight: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    parts: &mut impl PartitionReader,
-    catalog: &Catalog,
-    index: &KeyIndex,
-    key: &RecordKey,
-    hash: u64,
-    now: u64,
+    parts: Partitioned<'_, impl PartitionReader>,
+    at: &Lookup<'_>,
+    probe: Probe,
 ) -> Result<Found, Error> {
     let mut found = Found::default();
-    if let Some(v) = inflight.get(key.as_bytes())? {
-        found.consider(Record::decode(v.value())?, now);
-    }
-    match index.candidates(hash) {
-        Candidates::Nowhere => {}
-        Candidates::In(ids) => {
-            for id in ids.into_iter().filter(|&id| id != 0) {
-                if let Some(part) = catalog.get(id)
-                    && let Some(rec) = parts.get(part, key)?
-                {
-                    found.consider(rec, now);
-                }
-            }
-        }
-        Candidates::Anywhere => {
-            for part in catalog.parts() {
-                if let Some(rec) = parts.get(part, key)? {
-                    found.consider(rec, now);
-                }
-            }
-        }
+    in_partitions(&mut found, parts, at)?;
+    if (probe == Probe::All || found.live.is_none())
+        && let Some(v) = inflight.get(at.key.as_bytes())?
+    {
+        found.consider(Record::decode(v.value())?, at.now);
     }
     Ok(found)
+}
+
+fn in_partitions(
+    found: &mut Found,
+    parts: Partitioned<'_, impl PartitionReader>,
+    at: &Lookup<'_>,
+) -> Result<(), Error> {
+    let ids = match parts.index.candidates(at.hash) {
+        Candidates::Nowhere => return Ok(()),
+        Candidates::In(ids) => ids,
+        Candidates::Anywhere => {
+            for part in parts.catalog.parts() {
+                if let Some(rec) = parts.reader.get(part, at.key)? {
+                    found.consider(rec, at.now);
+                }
+            }
+            return Ok(());
+        }
+    };
+    for id in ids.into_iter().filter(|&id| id != 0) {
+        if let Some(part) = parts.catalog.get(id)
+            && let Some(rec) = parts.reader.get(part, at.key)?
+        {
+            found.consider(rec, at.now);
+        }
+    }
+    Ok(())
 }
 
 /// Reads a record from an open partition table.

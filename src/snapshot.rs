@@ -14,7 +14,7 @@ use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
 use crate::error::Error;
-use crate::locate::{Found, Layout, PartitionReader, find, get_in};
+use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
 use crate::meta::INFLIGHT;
 use crate::partition::{Catalog, Partition};
 use crate::record::Record;
@@ -49,17 +49,17 @@ impl Tables {
     }
 
     fn find(&self, layout: &Layout, key: &RecordKey, now: u64) -> Result<Found, Error> {
-        let hash = layout.index.hash(key.as_bytes());
-        let mut reader = SnapshotParts(self);
-        find(
-            &self.inflight,
-            &mut reader,
-            &self.catalog,
-            &layout.index,
+        let at = Lookup {
             key,
-            hash,
+            hash: layout.index.hash(key.as_bytes()),
             now,
-        )
+        };
+        let parts = Partitioned {
+            catalog: &self.catalog,
+            index: &layout.index,
+            reader: &mut SnapshotParts(self),
+        };
+        find(&self.inflight, parts, &at, Probe::UntilLive)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::config::Limits;
 use crate::decide::{Decision, check_owner, decide};
 use crate::error::Error;
 use crate::horizon::tag;
-use crate::locate::{Found, Layout, PartitionReader, find, get_in};
+use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
 use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::partition::{Partition, PartitionId};
@@ -127,15 +127,16 @@ impl<'t> Records<'t> {
 
     fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
         let catalog = self.layout.partitions.catalog();
-        let index = &self.layout.index;
+        let parts = Partitioned {
+            catalog: &catalog,
+            index: &self.layout.index,
+            reader: &mut self.parts,
+        };
         find(
             &self.inflight,
-            &mut self.parts,
-            &catalog,
-            index,
-            key,
-            hash,
-            now,
+            parts,
+            &Lookup { key, hash, now },
+            Probe::All,
         )
     }
 
