@@ -20,12 +20,9 @@ use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
 use xxhash_rust::xxh3::xxh3_128;
 
-/// The request body every operation carries (fingerprinted by every engine).
-pub const PAYLOAD: &[u8] = br#"{"sku":"book-1","cents":1999,"currency":"EUR","qty":1,"u":"42"}"#;
-/// The response every completion stores and every replay returns (64 bytes).
-pub const RESPONSE: &[u8] = br#"201 Created {"order":"o-000000000001","total":1999,"ok":true}"#;
-const OPERATION: &str = "POST /purchases";
-const PRINCIPAL: &str = "tenant-0001";
+use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
+use crate::shared::sqlite_wal_full;
+
 const LEASE: Duration = Duration::from_secs(30);
 
 /// The caller's own business table, written by `execute`.
@@ -36,36 +33,6 @@ const IDEM: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem");
 const STATE_IN_PROGRESS: u8 = 0;
 const STATE_COMPLETED: u8 = 1;
 
-/// Ids of fresh keys: far above the preloaded replay keys (`0..n`), unique in the process.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 40);
-
-/// A key id nobody has used yet.
-pub fn fresh_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-/// The 32-byte idempotency key for id `n`: random-looking hex (like a client-minted UUID), so
-/// inserts land all over the B-trees. splitmix64 is a bijection, so distinct ids give distinct
-/// keys.
-pub fn key_bytes(n: u64) -> [u8; 32] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let words = [splitmix64(n), splitmix64(n ^ 0x5851_f42d_4c95_7f2d)];
-    let mut out = [0u8; 32];
-    for (w, word) in words.iter().enumerate() {
-        for i in 0..16 {
-            out[w * 16 + i] = HEX[((word >> (60 - 4 * i)) & 0xf) as usize];
-        }
-    }
-    out
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// The baselines' stored key: scope and key, as idemdb qualifies its own (similar length).
 fn scoped_key(n: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(OPERATION.len() + PRINCIPAL.len() + 34);
@@ -75,23 +42,6 @@ fn scoped_key(n: u64) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(&key_bytes(n));
     k
-}
-
-/// A small, fast generator for replay key choices.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(splitmix64(seed) | 1)
-    }
-
-    /// Uniform-enough in `0..n` for picking among preloaded keys.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// One caller's handle on an engine (a SQLite connection, or a shared handle).
@@ -443,16 +393,7 @@ const SQL_ORDER: &str = "INSERT INTO orders(key, cents) VALUES (?1, ?2)";
 pub static SQLITE_BUSY_RETRIES: AtomicU64 = AtomicU64::new(0);
 
 fn connect(path: &Path) -> Connection {
-    let conn = Connection::open(path).expect("open sqlite");
-    conn.busy_timeout(Duration::from_secs(10))
-        .expect("busy_timeout");
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .expect("journal_mode");
-    assert_eq!(mode.to_lowercase(), "wal");
-    conn.pragma_update(None, "synchronous", "FULL")
-        .expect("synchronous");
-    conn
+    sqlite_wal_full(path, Some(Duration::from_secs(10)))
 }
 
 /// Runs `f`, again while SQLite reports busy (counted; with a 10 s busy_timeout it should not

@@ -20,6 +20,8 @@
 mod engines;
 mod pool;
 mod report;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,8 +31,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, FsyncFloor, Kind, Rng, SQLITE_BUSY_RETRIES, Session, fresh_id};
-use pool::{Load, Pool, Work, nanos};
+use engines::{Engine, FsyncFloor, Kind, SQLITE_BUSY_RETRIES, Session};
+use pool::{Load, Pool, Work};
+use shared::keys::{Rng, fresh_id};
+use shared::nanos;
 
 /// Completed records preloaded for the replay cells.
 const REPLAY_KEYS: u64 = 100_000;
@@ -40,17 +44,9 @@ const REPLAY_KEYS_TEST: u64 = 2_000;
 const LOAD_THREADS: usize = 64;
 
 fn main() {
-    let test_mode = is_test_mode();
-    let mut c = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .without_plots()
-        .configure_from_args();
-    let root = tempfile::Builder::new()
-        .prefix("idemdb-bench-")
-        .tempdir()
-        .expect("tempdir");
+    let test_mode = shared::is_test_mode();
+    let mut c = shared::criterion(10, Duration::from_secs(3));
+    let root = shared::temp_root("idemdb-bench-");
 
     reserve_1(&mut c, root.path());
     for n in [1, 4, 16, 64] {
@@ -72,15 +68,6 @@ fn main() {
     }
     c.final_summary();
     report::finish(test_mode);
-}
-
-/// Criterion's own rule: `cargo bench` passes `--bench`; without it (`cargo test --benches`),
-/// or with `--test`, every benchmark runs once.
-fn is_test_mode() -> bool {
-    let args: Vec<String> = std::env::args().collect();
-    let bench = args.iter().any(|a| a == "--bench");
-    let test = args.iter().any(|a| a == "--test");
-    !bench || test
 }
 
 fn group<'a>(c: &'a mut Criterion, name: &str, ops_per_iter: u64) -> BenchmarkGroup<'a, WallTime> {

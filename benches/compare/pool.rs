@@ -6,7 +6,9 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::engines::{Engine, Rng, fresh_id};
+use crate::engines::Engine;
+use crate::shared::keys::{Rng, fresh_id};
+use crate::shared::nanos;
 
 /// What each caller thread does per iteration.
 #[derive(Clone, Copy, Debug)]
@@ -126,11 +128,6 @@ impl Drop for Pool {
             let _ = h.join();
         }
     }
-}
-
-/// Whole nanoseconds.
-pub fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A write load: `threads` callers doing lifecycles of fresh keys until stopped.

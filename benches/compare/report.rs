@@ -9,12 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use serde_json::{Value, json};
 
 use crate::engines::Kind;
+use crate::shared::report::{
+    estimate, fmt_val, machine, quantile, table_row, target_dir, write_machine, write_targets,
+};
 
 /// `"<cell>/<engine>"` → name → value.
 type Side = BTreeMap<String, BTreeMap<String, f64>>;
@@ -38,10 +40,7 @@ pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u64]) {
     }
     after_bench(cell, engine);
     latencies.sort_unstable();
-    let pick = |q: f64| {
-        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
-        latencies[i] as f64
-    };
+    let pick = |q: f64| quantile(latencies, q).expect("not empty");
     let mean = latencies.iter().map(|&l| l as f64).sum::<f64>() / latencies.len() as f64;
     record(cell, engine, "ops_timed", latencies.len() as f64);
     record(cell, engine, "p50_ns", pick(0.50));
@@ -59,51 +58,6 @@ pub fn after_bench(cell: &str, engine: &str) {
     if let Some(load) = load {
         record(cell, engine, "loadavg_1m_after", load);
     }
-}
-
-fn target_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(dir);
-    }
-    // The bench runs as <target>/<profile>/deps/compare-<hash>.
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-        .unwrap_or_else(|| PathBuf::from("target"))
-}
-
-fn criterion_dir() -> PathBuf {
-    std::env::var_os("CRITERION_HOME").map_or_else(|| target_dir().join("criterion"), PathBuf::from)
-}
-
-/// Criterion's estimate for one benchmark: ns per iteration.
-#[derive(Clone, Copy)]
-struct Est {
-    median: f64,
-    median_lo: f64,
-    median_hi: f64,
-    mean: f64,
-}
-
-fn estimate(cell: &str, bench: &str) -> Option<Est> {
-    let path = criterion_dir()
-        .join(cell)
-        .join(bench)
-        .join("new")
-        .join("estimates.json");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    let get = |stat: &str, field: &str| -> Option<f64> {
-        match field {
-            "point" => v[stat]["point_estimate"].as_f64(),
-            bound => v[stat]["confidence_interval"][bound].as_f64(),
-        }
-    };
-    Some(Est {
-        median: get("median", "point")?,
-        median_lo: get("median", "lower_bound")?,
-        median_hi: get("median", "upper_bound")?,
-        mean: get("mean", "point")?,
-    })
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -248,26 +202,6 @@ fn rows(side: &Side) -> Vec<Row> {
     rows
 }
 
-fn fmt_val(v: Option<f64>, digits: usize) -> String {
-    match v {
-        None => "–".into(),
-        Some(v) if v.abs() >= 10_000.0 && digits == 0 => group_thousands(v.round() as i64),
-        Some(v) => format!("{v:.digits$}"),
-    }
-}
-
-fn group_thousands(v: i64) -> String {
-    let s = v.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if v < 0 { format!("-{out}") } else { out }
-}
-
 fn fmt_ratio(r: Option<f64>) -> String {
     match r {
         None => "–".into(),
@@ -362,43 +296,6 @@ fn targets(rows: &[Row]) -> Vec<Target> {
     out
 }
 
-fn machine() -> Vec<(String, String)> {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "?".into());
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let fs = std::process::Command::new("df")
-        .args(["-T", &std::env::temp_dir().to_string_lossy()])
-        .output()
-        .ok()
-        .and_then(|o| {
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            let line = text.lines().nth(1)?.to_string();
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            Some(format!(
-                "{} on {} (mounted at {})",
-                cols.get(1)?,
-                cols.first()?,
-                cols.last()?
-            ))
-        })
-        .unwrap_or_else(|| "?".into());
-    vec![
-        ("nproc".into(), nproc.to_string()),
-        ("CPU".into(), cpu),
-        (
-            format!("filesystem of {}", std::env::temp_dir().display()),
-            fs,
-        ),
-    ]
-}
-
 /// Saves the side data of this run (merged over the last run's), then prints and writes the
 /// summary. In criterion's test mode nothing is measured, so nothing is written.
 pub fn finish(test_mode: bool) {
@@ -426,26 +323,38 @@ pub fn finish(test_mode: bool) {
     let rows = rows(&side);
     let targets = targets(&rows);
     let mut md = String::new();
-    let _ = writeln!(md, "Machine:");
-    for (k, v) in machine() {
-        let _ = writeln!(md, "- {k}: {v}");
-    }
-    let _ = writeln!(md);
-    let _ = writeln!(
-        md,
-        "| cell | metric (↑ higher is better, ↓ lower) | idemdb | redb naive | SQLite | SQLite, 1 shared conn | idemdb ÷ naive | idemdb ÷ SQLite | idemdb ÷ SQLite 1 conn |"
+    write_machine(&mut md, &machine());
+    table_row(
+        &mut md,
+        &[
+            "cell",
+            "metric (↑ higher is better, ↓ lower)",
+            "idemdb",
+            "redb naive",
+            "SQLite",
+            "SQLite, 1 shared conn",
+            "idemdb ÷ naive",
+            "idemdb ÷ SQLite",
+            "idemdb ÷ SQLite 1 conn",
+        ],
     );
     let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
     for r in &rows {
         let [a, b, c, d] = r.vals.map(|v| fmt_val(v, r.digits));
-        let _ = writeln!(
-            md,
-            "| {} | {} | {a} | {b} | {c} | {d} | {} | {} | {} |",
-            r.cell,
-            r.metric,
-            fmt_ratio(r.ratio(1)),
-            fmt_ratio(r.ratio(2)),
-            fmt_ratio(r.ratio(3)),
+        let ratios = [1, 2, 3].map(|i| fmt_ratio(r.ratio(i)));
+        table_row(
+            &mut md,
+            &[
+                r.cell.as_str(),
+                r.metric,
+                a.as_str(),
+                b.as_str(),
+                c.as_str(),
+                d.as_str(),
+                ratios[0].as_str(),
+                ratios[1].as_str(),
+                ratios[2].as_str(),
+            ],
         );
     }
     let floor_median = estimate("reserve_1", "fsync_floor").map(|e| e.median);
@@ -471,15 +380,10 @@ pub fn finish(test_mode: bool) {
         md,
         "SQLite calls retried after SQLITE_BUSY outlived busy_timeout: {busy:.0}."
     );
-    let _ = writeln!(md, "\n| target | measured | met? |\n|---|--:|---|");
-    for t in &targets {
-        let met = match t.met {
-            Some(true) => "met",
-            Some(false) => "**missed**",
-            None => "not measured",
-        };
-        let _ = writeln!(md, "| {} | {} | {met} |", t.what, t.shown);
-    }
+    write_targets(
+        &mut md,
+        targets.iter().map(|t| (t.what, t.shown.as_str(), t.met)),
+    );
     println!("\n{md}");
     std::fs::write(dir.join("summary.md"), &md).expect("write summary.md");
 
