@@ -2,6 +2,7 @@
 //! input and either answers from a snapshot or builds the write op; the `*_answer` functions
 //! turn the writer's output into the public result.
 
+use crate::observe::snapshot_span;
 use std::panic::resume_unwind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,6 +119,8 @@ impl IdemDb {
         key: &RecordKey,
         fingerprint: Fingerprint,
     ) -> Result<Option<ReserveOutcome>, Error> {
+        let span = snapshot_span(key);
+        let _span = span.enter();
         let now = self.clock.now_ms();
         let existing = self.writer.snapshots.find(key, now)?.live;
         let decision = decide(existing.as_ref(), fingerprint, now);

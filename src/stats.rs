@@ -125,6 +125,27 @@ pub(crate) enum Counter {
 }
 const COUNTERS: usize = 12;
 
+impl Counter {
+    /// The name under which the `metrics` feature exports it (a counter).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn metric_name(self) -> &'static str {
+        match self {
+            Counter::Acquired => "idemdb_acquired_total",
+            Counter::Takeovers => "idemdb_takeovers_total",
+            Counter::ReplaysCompleted => "idemdb_replays_completed_total",
+            Counter::ReplaysFailed => "idemdb_replays_failed_total",
+            Counter::Mismatches => "idemdb_mismatches_total",
+            Counter::InProgress => "idemdb_in_progress_total",
+            Counter::Fenced => "idemdb_fenced_total",
+            Counter::Finished => "idemdb_finished_total",
+            Counter::Releases => "idemdb_releases_total",
+            Counter::BeyondHorizon => "idemdb_beyond_horizon_total",
+            Counter::ExpiredRecords => "idemdb_expired_records_total",
+            Counter::PartitionsDropped => "idemdb_partitions_dropped_total",
+        }
+    }
+}
+
 #[repr(align(128))]
 #[derive(Default)]
 struct Shard([AtomicU64; COUNTERS]);
@@ -142,9 +163,17 @@ impl StatsCollector {
 
     pub(crate) fn add_n(&self, counter: Counter, n: u64) {
         self.shards[shard_index()].0[counter as usize].fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(counter.metric_name()).increment(n);
     }
 
     pub(crate) fn record_batch(&self, ops: usize, took: Duration) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!("idemdb_commits_total").increment(1);
+            metrics::histogram!("idemdb_commit_batch_size").record(ops as f64);
+            metrics::histogram!("idemdb_commit_latency_seconds").record(took.as_secs_f64());
+        }
         let mut commits = self.commits.lock();
         commits.0 += 1;
         commits.1.record(ops as u64);

@@ -5,6 +5,7 @@
 //! Sync callers lead on their own thread. Async callers never block their executor: when one
 //! is first in line with no leader, the committer thread leads for it.
 
+use crate::observe::{Span, write_span};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -16,6 +17,8 @@ use std::task::{Context, Poll, Waker};
 use parking_lot::Mutex;
 
 use crate::error::Error;
+use crate::outcome::ReserveOutcome;
+use crate::token::Reservation;
 use crate::writer::Writer;
 use crate::writer::op::{OpOutput, WriteOp};
 
@@ -48,6 +51,9 @@ struct SlotInner {
     /// Set for an async caller: woken instead of the condvar.
     waker: Option<Waker>,
     is_async: bool,
+    /// The async caller dropped its future before its answer came: an acquisition it would
+    /// have received is released instead of being left IN_PROGRESS until its lease ends.
+    abandoned: bool,
     /// Sync callers of the same batch that this caller wakes once it has its answer: the
     /// leader wakes two, each of them two more, so the leader is not busy waking a whole batch
     /// one by one (each wake-up is a hypervisor exit on this kind of VM).
@@ -91,6 +97,25 @@ impl Slot {
         self.cv.notify_one();
     }
 
+    /// Delivers an async caller's answer; returns the reservation it acquired if the caller
+    /// is gone (it must be released).
+    fn deliver(&self, result: Result<OpOutput, Error>) -> Option<Reservation> {
+        // One lock for the look and the store: a future dropped in between would otherwise
+        // leave the answer unread.
+        let waker = {
+            let mut inner = self.inner.lock();
+            if inner.abandoned {
+                return acquired(result);
+            }
+            inner.state = SlotState::Done(result);
+            inner.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        None
+    }
+
     fn set(&self, state: SlotState) {
         let waker = {
             let mut inner = self.inner.lock();
@@ -109,6 +134,8 @@ impl Writer {
     /// may lead the commit on its own thread.
     pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
         super::refuse_reentry()?;
+        let span = write_span(&op);
+        let _span = span.enter();
         let slot = Slot::new(false);
         let mut lead = {
             let mut queue = self.queue.lock();
@@ -153,6 +180,7 @@ impl Writer {
     pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
         WriteFuture {
             writer: Arc::clone(self),
+            span: write_span(&op),
             op: Some(op),
             slot: None,
         }
@@ -218,7 +246,9 @@ impl Writer {
             .zip(results)
             .partition(|(slot, _)| !slot.is_async());
         for (slot, result) in asynchronous {
-            slot.set(SlotState::Done(result));
+            if let Some(orphan) = slot.deliver(result) {
+                self.release_detached(&orphan);
+            }
         }
         let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
         for (i, (slot, result)) in sync.into_iter().enumerate() {
@@ -227,6 +257,26 @@ impl Writer {
         }
         // Roots last: nobody is woken before every answer is in place.
         tree.iter().take(2).for_each(|s| s.wake());
+    }
+
+    /// Queues the release of an acquisition nobody will receive, with no one waiting for it;
+    /// the committer leads for it if no leader is active.
+    fn release_detached(&self, reservation: &Reservation) {
+        let mut queue = self.queue.lock();
+        if queue.shutdown && !queue.leader_active {
+            return; // Closed: nobody would commit it; the lease runs out instead.
+        }
+        queue.jobs.push_back(Job {
+            op: WriteOp::Release {
+                key: reservation.record_key.clone(),
+                token: reservation.token,
+            },
+            slot: Slot::new(true),
+        });
+        if !std::mem::replace(&mut queue.leader_active, true) {
+            queue.committer_requested = true;
+            self.committer.notify_one();
+        }
     }
 
     /// The committer thread's loop: leads for async callers until shutdown, then drains.
@@ -263,6 +313,7 @@ pub(crate) struct WriteFuture {
     writer: Arc<Writer>,
     op: Option<WriteOp>,
     slot: Option<Arc<Slot>>,
+    span: Span,
 }
 
 impl Future for WriteFuture {
@@ -270,6 +321,8 @@ impl Future for WriteFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
+        // Entered for this poll only: the future stays Send.
+        let _span = this.span.enter();
         if let Some(op) = this.op.take() {
             let writer = &this.writer;
             let mut queue = writer.queue.lock();
@@ -306,5 +359,36 @@ impl Future for WriteFuture {
                 Poll::Pending
             }
         }
+    }
+}
+
+impl Drop for WriteFuture {
+    /// A future dropped after its op was queued: the op still commits. If it acquires a key,
+    /// nobody would own it until the lease ran out, so it is released.
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let orphan = {
+            let mut inner = slot.inner.lock();
+            match std::mem::replace(&mut inner.state, SlotState::Taken) {
+                SlotState::Done(result) => acquired(result),
+                pending => {
+                    inner.state = pending;
+                    inner.abandoned = true;
+                    None
+                }
+            }
+        };
+        if let Some(reservation) = orphan {
+            self.writer.release_detached(&reservation);
+        }
+    }
+}
+
+fn acquired(result: Result<OpOutput, Error>) -> Option<Reservation> {
+    match result {
+        Ok(OpOutput::Reserved(ReserveOutcome::Acquired(r))) => Some(r),
+        _ => None,
     }
 }

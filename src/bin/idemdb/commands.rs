@@ -1,0 +1,243 @@
+//! `stats`, `get` and `compact`: one answer each.
+
+use std::path::Path;
+
+use idemdb::{BeyondHorizonPolicy, Error, Histogram, Key, Retention, Scope};
+use serde_json::{Value, json};
+
+use crate::cli::{Global, key_bytes};
+use crate::errors::{CliError, code};
+use crate::open::open;
+use crate::output::{Out, RecordView, duration, human_bytes, size, time};
+
+/// Output mode and stdout, shared by every command.
+pub struct Ctx {
+    pub json: bool,
+    pub quiet: bool,
+    pub out: Out,
+}
+
+impl Ctx {
+    /// A human line, or nothing in `--json` mode.
+    pub fn say(&mut self, line: &str) -> Result<(), CliError> {
+        if !self.json {
+            self.out.line(line)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
+    let db = open(path, global.retention())?;
+    let s = db.stats();
+    let retention = db.retention();
+    if ctx.json {
+        let v = json!({
+            "path": path.display().to_string(),
+            "stored_records": s.stored_records,
+            "in_flight_records": s.in_flight_records,
+            "partitions": s.partitions,
+            "indexed_keys": s.indexed_keys,
+            "horizon_keys": s.horizon_keys,
+            "bytes_on_disk": s.bytes_on_disk,
+            "since_open": {
+                "acquired": s.acquired,
+                "takeovers": s.takeovers,
+                "replays_completed": s.replays_completed,
+                "replays_failed": s.replays_failed,
+                "mismatches": s.mismatches,
+                "in_progress": s.in_progress,
+                "fenced": s.fenced,
+                "finished": s.finished,
+                "releases": s.releases,
+                "commits": s.commits,
+                "beyond_horizon": s.beyond_horizon,
+                "expired_records": s.expired_records,
+                "partitions_dropped": s.partitions_dropped,
+                "batch_size": histogram(&s.batch_size),
+                "commit_latency_us": histogram(&s.commit_latency_us),
+            },
+            "retention": retention_json(retention, global),
+        });
+        ctx.out.json(&v)?;
+        return Ok(code::OK);
+    }
+    let finished = s.stored_records.saturating_sub(s.in_flight_records);
+    let lines = [
+        format!("file                {}", path.display()),
+        format!("size on disk        {}", size(s.bytes_on_disk)),
+        format!(
+            "stored records      {} (in progress {}, finished {}; expired ones until dropped)",
+            s.stored_records, s.in_flight_records, finished
+        ),
+        format!("partitions          {}", s.partitions),
+        format!(
+            "indexed keys        {} (about 16 B of memory each)",
+            s.indexed_keys
+        ),
+        format!(
+            "horizon keys        {} (about 12 B of memory each)",
+            s.horizon_keys
+        ),
+        format!("retention in force  {}", retention_line(retention, global)),
+        format!(
+            "since this open     acquired {}, replays {}/{}, mismatches {}, commits {}",
+            s.acquired, s.replays_completed, s.replays_failed, s.mismatches, s.commits
+        ),
+    ];
+    for line in lines {
+        ctx.say(&line)?;
+    }
+    Ok(code::OK)
+}
+
+fn histogram(h: &Histogram) -> Value {
+    json!({"count": h.count, "sum": h.sum, "mean": h.mean(), "buckets": h.buckets.to_vec()})
+}
+
+fn policy(p: BeyondHorizonPolicy) -> &'static str {
+    match p {
+        BeyondHorizonPolicy::Flag => "flag",
+        BeyondHorizonPolicy::Refuse => "refuse",
+        _ => "other",
+    }
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn retention_json(r: &Retention, global: &Global) -> Value {
+    let operation_ttls: serde_json::Map<String, Value> = global
+        .operation_ttls
+        .iter()
+        .map(|(op, ttl)| (op.clone(), json!(ms(*ttl))))
+        .collect();
+    json!({
+        "default_ttl_ms": ms(r.default_ttl),
+        "operation_ttls_ms": operation_ttls,
+        "partition_width_ms": ms(r.partition_width),
+        "horizon_factor": r.horizon_factor,
+        "beyond_horizon": policy(r.beyond_horizon),
+        "note": "this process's settings (the file does not store them): set with --ttl, \
+                 --operation-ttl, --partition-width, --horizon-factor",
+    })
+}
+
+fn retention_line(r: &Retention, global: &Global) -> String {
+    let mut line = format!(
+        "ttl {}, partition width {}, horizon factor {}, beyond horizon: {}",
+        duration(ms(r.default_ttl)),
+        duration(ms(r.partition_width)),
+        r.horizon_factor,
+        policy(r.beyond_horizon)
+    );
+    for (op, ttl) in &global.operation_ttls {
+        line.push_str(&format!(", {op}: {}", duration(ms(*ttl))));
+    }
+    line.push_str(" (this process's settings; the file does not store them)");
+    line
+}
+
+pub struct GetArgs<'a> {
+    pub operation: &'a str,
+    pub principal: &'a str,
+    pub key: &'a str,
+    pub key_hex: bool,
+}
+
+pub fn get(ctx: &mut Ctx, path: &Path, global: &Global, a: GetArgs<'_>) -> Result<u8, CliError> {
+    let key = key_bytes(a.key, a.key_hex)?;
+    let db = open(path, global.retention())?;
+    let scope = Scope::new(a.operation, a.principal);
+    let record = match db.get(&scope, &Key::new(&key)) {
+        Ok(record) => record,
+        Err(Error::InvalidInput(e)) => return Err(CliError::Usage(e.to_string())),
+        Err(e) => return Err(CliError::from_engine(path, e)),
+    };
+    let name = format!(
+        "{} / {} / {}",
+        human_bytes(a.operation.as_bytes()),
+        human_bytes(a.principal.as_bytes()),
+        human_bytes(&key)
+    );
+    let Some(record) = record else {
+        if ctx.json {
+            ctx.out.json(&json!({"found": false}))?;
+        } else {
+            ctx.out.line(&format!("no live record for {name}"))?;
+        }
+        return Ok(code::NEGATIVE);
+    };
+    let view = RecordView {
+        operation: a.operation.as_bytes(),
+        principal: a.principal.as_bytes(),
+        key: &key,
+        record: &record,
+        expired: false,
+        stored_in: None,
+    };
+    if ctx.json {
+        ctx.out
+            .json(&json!({"found": true, "record": view.json(true)}))?;
+        return Ok(code::OK);
+    }
+    let r = &record;
+    let plain = |c: char| !c.is_control() || matches!(c, '\n' | '\r' | '\t');
+    let response = match std::str::from_utf8(&r.response) {
+        Ok(text) if text.chars().all(plain) => {
+            format!("{} bytes, UTF-8:\n{text}", r.response.len())
+        }
+        Ok(text) => format!(
+            "{} bytes, UTF-8 with control characters, shown escaped:\n{}",
+            r.response.len(),
+            text.escape_debug()
+        ),
+        Err(_) => format!(
+            "{} bytes, not UTF-8, shown as hex:\n{}",
+            r.response.len(),
+            crate::output::hex(&r.response)
+        ),
+    };
+    let lines = [
+        format!("record       {name}"),
+        format!("state        {}", r.state.as_str()),
+        format!("token        {}", r.token),
+        format!("attempts     {}", r.attempts),
+        format!("created      {}", time(r.created_at)),
+        format!("updated      {}", time(r.updated_at)),
+        format!("lease until  {}", time(r.lease_expires_at)),
+        format!("expires      {}", time(r.expires_at)),
+        format!("fingerprint  {:032x}", r.fingerprint.as_u128()),
+        format!("response     {response}"),
+    ];
+    for line in lines {
+        ctx.out.line(&line)?;
+    }
+    Ok(code::OK)
+}
+
+pub fn compact(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
+    let db = open(path, global.retention())?;
+    let report = db
+        .compact_now()
+        .map_err(|e| CliError::from_engine(path, e))?;
+    if ctx.json {
+        ctx.out.json(&json!({
+            "partitions_dropped": report.partitions_dropped,
+            "records_expired": report.records_expired,
+            "in_flight_expired": report.in_flight_expired,
+            "horizon_sets_retired": report.horizon_sets_retired,
+        }))?;
+    } else {
+        ctx.out.line(&format!(
+            "dropped {} partitions ({} expired records), swept {} abandoned reservations, \
+             retired {} horizon sets",
+            report.partitions_dropped,
+            report.records_expired,
+            report.in_flight_expired,
+            report.horizon_sets_retired
+        ))?;
+    }
+    Ok(code::OK)
+}

@@ -1,0 +1,367 @@
+//! `IdemDb::verify`: every stored entry of idemdb's tables decoded and checked against the
+//! layout's invariants (docs/design.md §1–§3, §8, §9), with the problems found listed instead
+//! of stopping at the first.
+
+use redb::{
+    MultimapTableHandle, ReadTransaction, ReadableTable, TableDefinition, TableError, TableHandle,
+};
+
+use crate::db::IdemDb;
+use crate::error::Error;
+use crate::horizon::HORIZON;
+use crate::meta::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
+use crate::partition::Partition;
+use crate::record::{Record, RecordState};
+use crate::scope::RecordKey;
+
+use super::PROGRESS_EVERY;
+
+/// What [`IdemDb::verify`] read and what it found wrong.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    /// Partition tables read.
+    pub partitions: u64,
+    /// Entries of the in-flight table read.
+    pub in_flight_records: u64,
+    /// Entries of the partitions read.
+    pub finished_records: u64,
+    /// Of the records that decoded, those expired at the verification's time (stored until
+    /// their partition is dropped or the in-flight table swept).
+    pub expired_records: u64,
+    /// Rows of `idemdb_horizon` read.
+    pub horizon_rows: u64,
+    /// Key tags in them.
+    pub horizon_tags: u64,
+    /// Tables without idemdb's prefix (the caller's business tables): not checked.
+    pub other_tables: u64,
+    /// Problems found, all of them.
+    pub problem_count: u64,
+    /// The first problems found, at most as many as asked for.
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    /// Whether nothing was found wrong.
+    pub fn is_ok(&self) -> bool {
+        self.problem_count == 0
+    }
+}
+
+/// One thing [`IdemDb::verify`] found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Problem {
+    /// The table it is in.
+    pub table: String,
+    /// The stored key of the entry, if the problem is one entry's.
+    pub key: Option<Vec<u8>>,
+    /// What is wrong.
+    pub what: String,
+}
+
+impl IdemDb {
+    /// Checks every stored entry of idemdb's tables, in one read transaction, and reports the
+    /// problems found (the first `max_problems` of them, and how many in all); `progress` is
+    /// called with the number of records read so far every few thousand records and once at
+    /// the end.
+    ///
+    /// Page checksums are verified when the database is opened (unless
+    /// [`Builder::verify_on_open`](crate::Builder::verify_on_open) turned that off); this
+    /// checks what the pages hold: every in-flight and partition entry's key splits into a
+    /// non-empty operation, a principal and a non-empty key; every record decodes; IN_PROGRESS
+    /// records are in the in-flight table only and expire after their lease ends, finished ones
+    /// are in partitions only and were last changed in their partition's window with its TTL;
+    /// every token is below the meta table's `next_token`; every horizon row has an 8-byte
+    /// `until`, names a partition or an in-flight sweep, and holds distinct sorted 4-byte tags;
+    /// no table with idemdb's prefix is unknown. Only a storage error is returned as `Err`.
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::open(dir.path().join("db"))?;
+    /// let lease = Duration::from_secs(30);
+    /// if let ReserveOutcome::Acquired(r) = db.reserve(&Scope::new("op", "p"), &Key::new("k"), b"x", lease)? {
+    ///     db.complete(&r, b"ok".to_vec())?;
+    /// }
+    /// let report = db.verify(10, |_| {})?;
+    /// assert!(report.is_ok(), "{:?}", report.problems);
+    /// assert_eq!((report.partitions, report.finished_records), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn verify(
+        &self,
+        max_problems: usize,
+        mut progress: impl FnMut(u64),
+    ) -> Result<VerifyReport, Error> {
+        let txn = self.begin_read()?;
+        let mut check = Check {
+            report: VerifyReport::default(),
+            max_problems,
+            now: self.clock.now_ms(),
+            next_token: None,
+            read: 0,
+            progress: &mut progress,
+        };
+        check.catalog(&txn)?;
+        check.next_token = check.read_next_token(&txn)?;
+        check.records(&txn, INFLIGHT.name(), None)?;
+        for (name, start, width, ttl) in super::partitions(&txn)? {
+            check.report.partitions += 1;
+            check.records(&txn, &name, Some((start, width, ttl)))?;
+        }
+        check.horizon(&txn)?;
+        let read = check.read;
+        let report = check.report;
+        progress(read);
+        Ok(report)
+    }
+}
+
+struct Check<'a, P> {
+    report: VerifyReport,
+    max_problems: usize,
+    now: u64,
+    next_token: Option<u64>,
+    read: u64,
+    progress: &'a mut P,
+}
+
+impl<P: FnMut(u64)> Check<'_, P> {
+    fn problem(&mut self, table: &str, key: Option<&[u8]>, what: String) {
+        self.report.problem_count += 1;
+        if self.report.problems.len() < self.max_problems {
+            self.report.problems.push(Problem {
+                table: table.to_string(),
+                key: key.map(<[u8]>::to_vec),
+                what,
+            });
+        }
+    }
+
+    /// Every table with idemdb's prefix is one idemdb knows.
+    fn catalog(&mut self, txn: &ReadTransaction) -> Result<(), Error> {
+        let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
+        for name in names {
+            if !name.starts_with(RESERVED_PREFIX) {
+                self.report.other_tables += 1;
+            } else if name == RECORDS.name() {
+                let what = "the format-2 records table is still present in a format-3 file";
+                self.problem(&name, None, what.to_string());
+            } else if Partition::is_partition_name(&name) {
+                if Partition::parse_name(&name).is_none() {
+                    let what = "named like a partition but the name does not parse (start, \
+                                width, ttl): the catalog ignores it, its records are never read";
+                    self.problem(&name, None, what.to_string());
+                }
+            } else if ![META.name(), INFLIGHT.name(), HORIZON.name()].contains(&name.as_str()) {
+                let what = "unknown table with idemdb's reserved prefix";
+                self.problem(&name, None, what.to_string());
+            }
+        }
+        let multimaps: Vec<String> = txn
+            .list_multimap_tables()?
+            .map(|t| t.name().to_string())
+            .collect();
+        for name in multimaps {
+            if name.starts_with(RESERVED_PREFIX) {
+                let what = "multimap table with idemdb's reserved prefix";
+                self.problem(&name, None, what.to_string());
+            } else {
+                self.report.other_tables += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The token ceiling, if the meta table holds a well-formed one (open checked it).
+    fn read_next_token(&mut self, txn: &ReadTransaction) -> Result<Option<u64>, Error> {
+        let meta = match txn.open_table(META) {
+            Ok(meta) => meta,
+            Err(e) => return self.unreadable(META.name(), e).map(|()| None),
+        };
+        let value = meta.get(NEXT_TOKEN_KEY)?.map(|v| v.value().to_vec());
+        match value.as_deref().map(<[u8; 8]>::try_from) {
+            Some(Ok(bytes)) if u64::from_le_bytes(bytes) != 0 => {
+                Ok(Some(u64::from_le_bytes(bytes)))
+            }
+            _ => {
+                let what = "meta entry next_token is missing or malformed".to_string();
+                self.problem(META.name(), Some(NEXT_TOKEN_KEY.as_bytes()), what);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A table that idemdb needs but cannot open with its types.
+    fn unreadable(&mut self, name: &str, e: TableError) -> Result<(), Error> {
+        match e {
+            TableError::TableDoesNotExist(_) => {
+                self.problem(name, None, "table is missing".to_string());
+                Ok(())
+            }
+            TableError::TableTypeMismatch { .. } | TableError::TableIsMultimap(_) => {
+                self.problem(name, None, format!("table has foreign types: {e}"));
+                Ok(())
+            }
+            other => Err(other.into()),
+        }
+    }
+
+    /// The in-flight table (`part` = `None`) or one partition `(start, width, ttl)`.
+    fn records(
+        &mut self,
+        txn: &ReadTransaction,
+        name: &str,
+        part: Option<(u64, u64, u64)>,
+    ) -> Result<(), Error> {
+        let table = match txn.open_table(TableDefinition::<&[u8], &[u8]>::new(name)) {
+            Ok(table) => table,
+            Err(e) => return self.unreadable(name, e),
+        };
+        for entry in table.iter()? {
+            let (k, v) = entry?;
+            self.read += 1;
+            if self.read.is_multiple_of(PROGRESS_EVERY) {
+                (self.progress)(self.read);
+            }
+            match part {
+                None => self.report.in_flight_records += 1,
+                Some(_) => self.report.finished_records += 1,
+            }
+            let key = k.value();
+            match RecordKey::split(key) {
+                None => self.problem(name, Some(key), "record key does not split".to_string()),
+                Some(([], _, _)) => self.problem(name, Some(key), "empty operation".to_string()),
+                Some((_, _, [])) => self.problem(name, Some(key), "empty key".to_string()),
+                Some(_) => {}
+            }
+            match Record::decode(v.value()) {
+                Ok(record) => self.record(name, key, &record, part),
+                Err(e) => self.problem(name, Some(key), format!("record does not decode: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, name: &str, key: &[u8], rec: &Record, part: Option<(u64, u64, u64)>) {
+        if rec.is_expired(self.now) {
+            self.report.expired_records += 1;
+        }
+        if let Some(next) = self.next_token
+            && rec.token.get() >= next
+        {
+            let what = format!("token {} is not below next_token {next}", rec.token);
+            self.problem(name, Some(key), what);
+        }
+        let finished = rec.state != RecordState::InProgress;
+        match part {
+            None if finished => {
+                let what = format!("{} record in the in-flight table", rec.state.as_str());
+                self.problem(name, Some(key), what);
+            }
+            None => {
+                if rec.expires_at <= rec.lease_expires_at && rec.expires_at != u64::MAX {
+                    let what = format!(
+                        "expires_at {} is not after the lease's end {}",
+                        rec.expires_at, rec.lease_expires_at
+                    );
+                    self.problem(name, Some(key), what);
+                }
+            }
+            Some(_) if !finished => {
+                let what = "in_progress record in a partition".to_string();
+                self.problem(name, Some(key), what);
+            }
+            Some((start, width, ttl)) => {
+                if rec.updated_at >= start.saturating_add(width) {
+                    let what = format!(
+                        "updated_at {} is after the partition's window [{start}, {})",
+                        rec.updated_at,
+                        start.saturating_add(width)
+                    );
+                    self.problem(name, Some(key), what);
+                }
+                if rec.expires_at != rec.updated_at.saturating_add(ttl) {
+                    let what = format!(
+                        "expires_at {} is not updated_at {} + the partition's TTL {ttl}",
+                        rec.expires_at, rec.updated_at
+                    );
+                    self.problem(name, Some(key), what);
+                }
+            }
+        }
+    }
+
+    /// The beyond-horizon rows: `until ‖ name` → sorted distinct u32 LE tags.
+    fn horizon(&mut self, txn: &ReadTransaction) -> Result<(), Error> {
+        let name = HORIZON.name();
+        let table = match txn.open_table(HORIZON) {
+            Ok(table) => table,
+            Err(e) => return self.unreadable(name, e),
+        };
+        for row in table.iter()? {
+            let (k, v) = row?;
+            self.report.horizon_rows += 1;
+            let key = k.value();
+            match key.get(8..).map(std::str::from_utf8) {
+                None => self.problem(name, Some(key), format!("row key of {} bytes", key.len())),
+                Some(Err(_)) => {
+                    let what = "row key names no table: not UTF-8".to_string();
+                    self.problem(name, Some(key), what);
+                }
+                Some(Ok(source)) if !is_horizon_source(source) => {
+                    let what = format!("row key names {source:?}, not a partition or a sweep");
+                    self.problem(name, Some(key), what);
+                }
+                Some(Ok(_)) => {}
+            }
+            let tags = v.value();
+            if !tags.len().is_multiple_of(4) {
+                let what = format!("set of {} bytes is not whole 4-byte tags", tags.len());
+                self.problem(name, Some(key), what);
+                continue;
+            }
+            self.report.horizon_tags += (tags.len() / 4) as u64;
+            let tags = tags
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            if tags.clone().zip(tags.skip(1)).any(|(a, b)| a >= b) {
+                let what = "tags are not sorted and distinct".to_string();
+                self.problem(name, Some(key), what);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a horizon row may name: a dropped partition, or a sweep `idemdb_inflight@{now}`.
+fn is_horizon_source(source: &str) -> bool {
+    if Partition::parse_name(source).is_some() {
+        return true;
+    }
+    source
+        .strip_prefix(INFLIGHT.name())
+        .and_then(|rest| rest.strip_prefix('@'))
+        .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn horizon_sources() {
+        assert!(is_horizon_source(&Partition::name_for(1_000, 1_000, 5)));
+        assert!(is_horizon_source("idemdb_inflight@1700000000000"));
+        for bad in [
+            "idemdb_inflight@",
+            "idemdb_inflight@12x",
+            "idemdb_p_1_0_5",
+            "x",
+        ] {
+            assert!(!is_horizon_source(bad), "{bad}");
+        }
+    }
+}
