@@ -17,7 +17,7 @@ use crate::locate::Layout;
 use crate::meta::{self, INFLIGHT};
 use crate::ops::{
     Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
-    is_fenced_db, reserve_answer,
+    is_fenced_db, prepare_run, reserve_answer, run_answer,
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
@@ -456,6 +456,22 @@ impl IdemDb {
                 self.counted_execute(execute_answer(self.writer.submit(op), &error))
             }
         }
+    }
+
+    /// Runs `body` in a write transaction of its own with no dedupe record, and commits it
+    /// durably (group-committed with other callers' writes). For writes that are idempotent
+    /// by construction: the version guards on [`Tx`] ([`Tx::apply_if_newer`],
+    /// [`Tx::compare_and_set`], [`Tx::upsert`]). If `body` returns `Err`, nothing it wrote
+    /// commits. `body` must be `Send + 'static` and must not call this database, as for
+    /// [`complete_with`](Self::complete_with).
+    pub fn run<T, E, F>(&self, body: F) -> Result<T, ExecuteError<E>>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let (op, error) = prepare_run(body);
+        run_answer(self.writer.submit(op), &error)
     }
 
     /// A read-only view of the record for `key` in `scope`, for operators and tests. Waits if

@@ -35,9 +35,11 @@ mod decide;
 mod durability;
 mod error;
 mod fingerprint;
+mod guard;
 mod horizon;
 #[cfg(feature = "http")]
 pub mod http;
+mod inbox;
 mod key_index;
 mod locate;
 mod measured;
@@ -48,6 +50,7 @@ mod outcome;
 mod partition;
 mod record;
 mod retention;
+mod saga;
 mod scan;
 mod scope;
 mod shard;
@@ -72,15 +75,23 @@ pub use config::{Limits, WriterConfig};
 pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError};
 pub use fingerprint::{Fingerprint, Payload};
+pub use guard::{Guarded, Upserted, Versioned};
+pub use inbox::Consumed;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use record::{Record, RecordState};
 pub use retention::{BeyondHorizonPolicy, Retention};
+pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, Stats};
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use typed::{Typed, TypedOutcome};
+
+/// docs/choosing.md's examples, compiled and run as doctests so they stay true.
+#[doc = include_str!("../docs/choosing.md")]
+#[cfg(doctest)]
+pub struct ChoosingDoctests;
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[doc = include_str!("../README.md")]

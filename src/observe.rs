@@ -26,6 +26,7 @@ fn kind(op: &WriteOp) -> &'static str {
         WriteOp::Release { .. } => "release",
         WriteOp::Extend { .. } => "extend",
         WriteOp::Execute { .. } => "execute",
+        WriteOp::Run { .. } => "run",
     }
 }
 

@@ -275,6 +275,37 @@ pub(crate) fn is_fenced_db<E>(e: &ExecuteError<E>) -> bool {
     matches!(e, ExecuteError::Db(Error::Fenced { .. }))
 }
 
+/// The op of a `run` and where its closure's error waits for the caller.
+pub(crate) fn prepare_run<T, E, F>(body: F) -> (WriteOp, ErrorSlot<E>)
+where
+    F: FnOnce(&mut Tx<'_>) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    let (body, error) = capture(body);
+    let body =
+        move |tx: &mut Tx<'_>| body(tx).map(|v| Box::new(v) as Box<dyn std::any::Any + Send>);
+    let op = WriteOp::Run {
+        key: RecordKey::none(),
+        body: Box::new(body),
+    };
+    (op, error)
+}
+
+pub(crate) fn run_answer<T: 'static, E>(
+    output: Result<OpOutput, Error>,
+    error: &ErrorSlot<E>,
+) -> Result<T, ExecuteError<E>> {
+    match output? {
+        OpOutput::Ran(value) => value.downcast::<T>().map(|v| *v).map_err(|_| {
+            ExecuteError::Db(Error::Corrupted(
+                "internal: run value of another type".into(),
+            ))
+        }),
+        other => Err(closure_answer(other, error)),
+    }
+}
+
 pub(crate) fn reserve_answer(output: OpOutput) -> Result<ReserveOutcome, Error> {
     match output {
         OpOutput::Reserved(outcome) => Ok(outcome),

@@ -205,10 +205,24 @@ fn try_apply(
     ctx: &mut Ctx<'_>,
 ) -> Result<Applied, Error> {
     let now = ctx.now_ms;
+    let op = match op {
+        WriteOp::Run { body, .. } => {
+            let mut tx = Tx::new(txn, now, false);
+            return Ok(match run_closure(|| body(&mut tx)) {
+                Ok(value) => Applied::changed(OpOutput::Ran(value)),
+                Err(failed) => Applied::aborted(Ok(failed)),
+            });
+        }
+        other => other,
+    };
     let key = op.key().clone();
     let hash = records.layout.index.hash(key.as_bytes());
     let found = records.find(&key, hash, now)?;
     match op {
+        // Handled above.
+        WriteOp::Run { .. } => Err(Error::Corrupted(
+            "internal: a run op on the record path".into(),
+        )),
         WriteOp::Reserve {
             fingerprint,
             lease_ms,

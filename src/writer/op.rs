@@ -16,6 +16,9 @@ pub(crate) struct ClosureFailed;
 pub(crate) type ExecuteFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Outcome, ClosureFailed> + Send>;
 /// The business writes of a `complete_with` / `fail_with`.
 pub(crate) type BusinessFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<(), ClosureFailed> + Send>;
+/// The writes of a `run`, with no record; its value goes back to the caller.
+pub(crate) type RunFn =
+    Box<dyn FnOnce(&mut Tx<'_>) -> Result<Box<dyn Any + Send>, ClosureFailed> + Send>;
 
 /// One write, as queued by a caller.
 pub(crate) enum WriteOp {
@@ -45,6 +48,11 @@ pub(crate) enum WriteOp {
         fingerprint: Fingerprint,
         body: ExecuteFn,
     },
+    /// Caller writes with no dedupe record (version-guarded writes); `key` is empty.
+    Run {
+        key: RecordKey,
+        body: RunFn,
+    },
 }
 
 impl WriteOp {
@@ -54,7 +62,8 @@ impl WriteOp {
             | WriteOp::Finish { key, .. }
             | WriteOp::Release { key, .. }
             | WriteOp::Extend { key, .. }
-            | WriteOp::Execute { key, .. } => key,
+            | WriteOp::Execute { key, .. }
+            | WriteOp::Run { key, .. } => key,
         }
     }
 
@@ -64,6 +73,7 @@ impl WriteOp {
         matches!(
             self,
             WriteOp::Execute { .. }
+                | WriteOp::Run { .. }
                 | WriteOp::Finish {
                     business: Some(_),
                     ..
@@ -81,6 +91,8 @@ pub(crate) enum OpOutput {
         lease_expires_at: u64,
     },
     Executed(ExecuteOutcome),
+    /// A `run` closure's value.
+    Ran(Box<dyn Any + Send>),
     /// The caller's closure returned `Err`: nothing of this op committed.
     ClosureFailed,
     /// The caller's closure panicked: nothing of this op committed; the caller resumes the
@@ -95,6 +107,7 @@ impl std::fmt::Debug for OpOutput {
             OpOutput::Done => write!(f, "Done"),
             OpOutput::Extended { lease_expires_at } => write!(f, "Extended({lease_expires_at})"),
             OpOutput::Executed(o) => write!(f, "Executed({o:?})"),
+            OpOutput::Ran(_) => write!(f, "Ran"),
             OpOutput::ClosureFailed => write!(f, "ClosureFailed"),
             OpOutput::ClosurePanicked(_) => write!(f, "ClosurePanicked"),
         }

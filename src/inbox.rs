@@ -1,0 +1,189 @@
+//! Inbox dedupe for message consumers: the consumer's name is the scope, the producer's
+//! message id the key. A first delivery runs the handler and commits its writes together with
+//! the dedupe record; a redelivery is a `Duplicate` and does not run it; a handler error
+//! commits nothing, so the redelivery runs it again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use crate::db::IdemDb;
+use crate::error::{Error, ExecuteError};
+use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::scope::{Key, Scope};
+use crate::tx::Tx;
+use crate::writer::refuse_reentry;
+
+/// What [`IdemDb::consume`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Consumed {
+    /// First delivery: the handler ran and its writes committed with the dedupe record.
+    Processed,
+    /// A redelivery of a message already processed: the handler did not run.
+    Duplicate,
+    /// Another owner holds the message id under this scope with a two-step reservation (not
+    /// an inbox's doing): retry after this.
+    InProgress {
+        /// Time left on that owner's lease.
+        retry_after: Duration,
+    },
+    /// The message is older than its retention and refused by
+    /// [`BeyondHorizonPolicy::Refuse`](crate::BeyondHorizonPolicy::Refuse).
+    BeyondHorizon,
+}
+
+/// Every inbox record carries this payload, so a message id never mismatches itself.
+const INBOX_PAYLOAD: &[u8] = b"";
+
+fn names(consumer: &str, message_id: &[u8]) -> (Scope, Key) {
+    (Scope::new(consumer, ""), Key::new(message_id))
+}
+
+fn consumed(outcome: ExecuteOutcome) -> Result<Consumed, Error> {
+    Ok(match outcome {
+        ExecuteOutcome::Executed(_) => Consumed::Processed,
+        ExecuteOutcome::Completed(_) | ExecuteOutcome::Failed(_) => Consumed::Duplicate,
+        ExecuteOutcome::InProgress { retry_after } => Consumed::InProgress { retry_after },
+        ExecuteOutcome::BeyondHorizon => Consumed::BeyondHorizon,
+        ExecuteOutcome::Mismatch => {
+            return Err(Error::Corrupted(
+                "the consumer's scope holds a record of another payload: \
+                 do not use a consumer name as an operation elsewhere"
+                    .into(),
+            ));
+        }
+    })
+}
+
+fn body<F, E>(handler: F) -> impl FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static
+where
+    F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
+{
+    move |tx| handler(tx).map(|()| Outcome::Completed(Vec::new()))
+}
+
+impl IdemDb {
+    /// Consumes one delivery of message `message_id` as `consumer`: runs `handler` once per
+    /// message id, its writes committing with the dedupe record.
+    ///
+    /// ```
+    /// use idemdb::{Consumed, IdemDb};
+    /// use idemdb::redb::{ReadableTable, TableDefinition};
+    /// const BALANCES: TableDefinition<&str, i64> = TableDefinition::new("balances");
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = IdemDb::open(dir.path().join("db"))?;
+    /// let deposit = |db: &IdemDb| {
+    ///     db.consume("ledger", "msg-81f3", |tx| {
+    ///         let mut t = tx.open_table(BALANCES)?;
+    ///         let before = t.get("acct-1")?.map(|v| v.value()).unwrap_or(0);
+    ///         t.insert("acct-1", before + 50)?;
+    ///         Ok::<_, idemdb::Error>(())
+    ///     })
+    /// };
+    /// assert_eq!(deposit(&db)?, Consumed::Processed);
+    /// assert_eq!(deposit(&db)?, Consumed::Duplicate); // the broker redelivered it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume<F, E>(
+        &self,
+        consumer: &str,
+        message_id: impl AsRef<[u8]>,
+        handler: F,
+    ) -> Result<Consumed, ExecuteError<E>>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let (scope, key) = names(consumer, message_id.as_ref());
+        let outcome = self.execute(&scope, &key, INBOX_PAYLOAD, body(handler))?;
+        Ok(consumed(outcome)?)
+    }
+
+    /// Consumes a poll of many messages with one durable commit: each message runs in a
+    /// transaction of its own (a handler error or panic undoes its message only), all queued
+    /// before any is waited for so that they share the commit. Answers are in the order
+    /// given; a message id that appears twice is `Processed` then `Duplicate`.
+    ///
+    /// ```
+    /// use idemdb::{Consumed, IdemDb};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = IdemDb::open(dir.path().join("db"))?;
+    /// let poll = ["m1", "m2", "m1"].map(|id| (id, |_tx: &mut idemdb::Tx<'_>| Ok::<_, idemdb::Error>(())));
+    /// let answers: Vec<_> = db.consume_batch("orders", poll)?.into_iter().collect::<Result<_, _>>()?;
+    /// assert_eq!(answers, [Consumed::Processed, Consumed::Processed, Consumed::Duplicate]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    pub fn consume_batch<I, M, F, E>(
+        &self,
+        consumer: &str,
+        messages: I,
+    ) -> Result<Vec<Result<Consumed, ExecuteError<E>>>, Error>
+    where
+        I: IntoIterator<Item = (M, F)>,
+        M: AsRef<[u8]>,
+        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
+        E: Send + 'static,
+    {
+        refuse_reentry()?;
+        let messages: Vec<(Scope, Key, F)> = messages
+            .into_iter()
+            .map(|(id, handler)| {
+                let (scope, key) = names(consumer, id.as_ref());
+                (scope, key, handler)
+            })
+            .collect();
+        let (names, handlers): (Vec<(Scope, Key)>, Vec<F>) = messages
+            .into_iter()
+            .map(|(scope, key, handler)| ((scope, key), handler))
+            .unzip();
+        let mut pending: Vec<Pin<Box<dyn Future<Output = _> + Send + '_>>> = names
+            .iter()
+            .zip(handlers)
+            .map(|((scope, key), handler)| {
+                Box::pin(self.execute_async(scope, key, INBOX_PAYLOAD, body(handler)))
+                    as Pin<Box<dyn Future<Output = Result<ExecuteOutcome, ExecuteError<E>>> + Send>>
+            })
+            .collect();
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        // One poll each queues every op before the first commit is waited for.
+        let mut done: Vec<Option<Result<ExecuteOutcome, ExecuteError<E>>>> = pending
+            .iter_mut()
+            .map(|f| match f.as_mut().poll(&mut cx) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => None,
+            })
+            .collect();
+        for (slot, future) in done.iter_mut().zip(pending.iter_mut()) {
+            while slot.is_none() {
+                match future.as_mut().poll(&mut cx) {
+                    Poll::Ready(out) => *slot = Some(out),
+                    Poll::Pending => std::thread::park(),
+                }
+            }
+        }
+        Ok(done
+            .into_iter()
+            .map(|out| match out {
+                Some(Ok(outcome)) => consumed(outcome).map_err(ExecuteError::Db),
+                Some(Err(e)) => Err(e),
+                None => Err(ExecuteError::Db(Error::Corrupted(
+                    "internal: a message was never answered".into(),
+                ))),
+            })
+            .collect())
+    }
+}
+
+/// Wakes the thread that waits in `consume_batch`.
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
