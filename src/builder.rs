@@ -119,37 +119,37 @@ impl Builder {
     /// [`Error::UnsupportedFormat`] for one written by a newer format, and with a storage
     /// error if another handle has the file open.
     pub fn open(self, path: impl AsRef<Path>) -> Result<IdemDb, Error> {
-        self.limits.validate()?;
-        self.retention.validate()?;
+        self.validate()?;
         let path = path.as_ref();
         let db = self.redb_builder().create(path).map_err(open_error)?;
-        IdemDb::from_parts(
-            db,
-            self.clock,
-            self.limits,
-            self.writer,
-            self.retention,
-            FileSize::Path(path.to_path_buf()),
-        )
+        self.finish(db, FileSize::Path(path.to_path_buf()))
     }
 
     /// Opens the database over any [`redb::StorageBackend`], e.g. an in-memory or a
     /// fault-injecting one, creating it if the backend is empty.
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<IdemDb, Error> {
-        self.limits.validate()?;
-        self.retention.validate()?;
+        self.validate()?;
         let len = Arc::new(AtomicU64::new(0));
         let db = self
             .redb_builder()
             .create_with_backend(Measured::new(backend, Arc::clone(&len)))
             .map_err(open_error)?;
+        self.finish(db, FileSize::Backend(len))
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        self.limits.validate()?;
+        self.retention.validate()
+    }
+
+    fn finish(self, db: redb::Database, size: FileSize) -> Result<IdemDb, Error> {
         IdemDb::from_parts(
             db,
             self.clock,
             self.limits,
             self.writer,
             self.retention,
-            FileSize::Backend(len),
+            size,
         )
     }
 

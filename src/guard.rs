@@ -69,13 +69,9 @@ impl Tx<'_> {
         version: u64,
         value: &[u8],
     ) -> Result<Guarded, Error> {
-        let mut table = self.open_table(table)?;
-        let current = table.get(id.borrow())?.map(|v| v.value().0);
-        if current.is_some_and(|c| c >= version) {
-            return Ok(Guarded::Rejected { current });
-        }
-        table.insert(id.borrow(), (version, value))?;
-        Ok(Guarded::Applied { version })
+        self.write_versioned(table, id, value, |current| {
+            current.is_none_or(|c| c < version).then_some(version)
+        })
     }
 
     /// Compare-and-set for relative updates (a counter, a balance) that cannot be made
@@ -104,18 +100,28 @@ impl Tx<'_> {
         expected: u64,
         value: &[u8],
     ) -> Result<Guarded, Error> {
+        self.write_versioned(table, id, value, |current| {
+            // At u64::MAX the entity cannot advance: rejected.
+            (current.unwrap_or(0) == expected)
+                .then(|| expected.checked_add(1))
+                .flatten()
+        })
+    }
+
+    /// Stores `(version, value)` under `id` if `next`, given the stored version, names the
+    /// version to write.
+    fn write_versioned<'k, K: Key + 'static>(
+        &self,
+        table: TableDefinition<K, Versioned>,
+        id: impl Borrow<K::SelfType<'k>>,
+        value: &[u8],
+        next: impl FnOnce(Option<u64>) -> Option<u64>,
+    ) -> Result<Guarded, Error> {
         let mut table = self.open_table(table)?;
         let current = table.get(id.borrow())?.map(|v| v.value().0);
-        if current.unwrap_or(0) != expected {
+        let Some(version) = next(current) else {
             return Ok(Guarded::Rejected { current });
-        }
-        let version = expected.checked_add(1).ok_or(Error::InvalidInput(
-            crate::error::InputError::TooLong {
-                what: "version",
-                len: usize::MAX,
-                max: usize::MAX - 1,
-            },
-        ))?;
+        };
         table.insert(id.borrow(), (version, value))?;
         Ok(Guarded::Applied { version })
     }

@@ -129,18 +129,11 @@ impl IdemDb {
         E: Send + 'static,
     {
         refuse_reentry()?;
-        let messages: Vec<(Scope, Key, F)> = messages
+        let (scoped, handlers): (Vec<(Scope, Key)>, Vec<F>) = messages
             .into_iter()
-            .map(|(id, handler)| {
-                let (scope, key) = names(consumer, id.as_ref());
-                (scope, key, handler)
-            })
-            .collect();
-        let (names, handlers): (Vec<(Scope, Key)>, Vec<F>) = messages
-            .into_iter()
-            .map(|(scope, key, handler)| ((scope, key), handler))
+            .map(|(id, handler)| (names(consumer, id.as_ref()), handler))
             .unzip();
-        let mut pending: Vec<Pin<Box<dyn Future<Output = _> + Send + '_>>> = names
+        let mut pending: Vec<Pin<Box<dyn Future<Output = _> + Send + '_>>> = scoped
             .iter()
             .zip(handlers)
             .map(|((scope, key), handler)| {

@@ -5,12 +5,12 @@
 //! Expiry is checked here, on every read: an expired record is reported as expired, never as
 //! live, whether or not its partition was dropped yet.
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::error::Error;
 use crate::horizon::{HORIZON, Horizon, decode_tags, row_until};
 use crate::key_index::{Candidates, KeyIndex};
-use crate::partition::{Catalog, Partition, Partitions};
+use crate::partition::{Catalog, Partition, Partitions, partition_tables};
 use crate::record::Record;
 use crate::retention::Rules;
 use crate::scope::RecordKey;
@@ -28,11 +28,7 @@ impl Layout {
     /// rebuilt by reading every partition's keys, the horizon sets still in force at `now`.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
-        let names: Vec<String> = txn
-            .list_tables()?
-            .map(|t| t.name().to_string())
-            .filter(|n| Partition::is_partition_name(n))
-            .collect();
+        let names = partition_tables(&txn)?;
         let partitions = Partitions::from_names(names.iter().map(String::as_str));
         let index = KeyIndex::new(seed);
         for part in partitions.catalog().parts() {

@@ -34,8 +34,13 @@ fn kind(op: &WriteOp) -> &'static str {
 pub(crate) fn write_span(op: &WriteOp) -> Span {
     #[cfg(feature = "tracing")]
     {
-        let (operation, principal) = scope_of(op.key());
-        tracing::debug_span!("idemdb.write", kind = kind(op), %operation, %principal)
+        let key = op.key();
+        tracing::debug_span!(
+            "idemdb.write",
+            kind = kind(op),
+            operation = %Part::Operation(key),
+            principal = %Part::Principal(key)
+        )
     }
     #[cfg(not(feature = "tracing"))]
     {
@@ -48,8 +53,11 @@ pub(crate) fn write_span(op: &WriteOp) -> Span {
 pub(crate) fn snapshot_span(key: &RecordKey) -> Span {
     #[cfg(feature = "tracing")]
     {
-        let (operation, principal) = scope_of(key);
-        tracing::debug_span!("idemdb.snapshot", %operation, %principal)
+        tracing::debug_span!(
+            "idemdb.snapshot",
+            operation = %Part::Operation(key),
+            principal = %Part::Principal(key)
+        )
     }
     #[cfg(not(feature = "tracing"))]
     {
@@ -58,13 +66,25 @@ pub(crate) fn snapshot_span(key: &RecordKey) -> Span {
     }
 }
 
+/// A part of a record key's scope, split and printed only when a subscriber records the span:
+/// a disabled span costs no allocation on the replay path.
 #[cfg(feature = "tracing")]
-fn scope_of(key: &RecordKey) -> (String, String) {
-    match RecordKey::split(key.as_bytes()) {
-        Some((op, principal, _)) => (
-            String::from_utf8_lossy(op).into_owned(),
-            String::from_utf8_lossy(principal).into_owned(),
-        ),
-        None => (String::new(), String::new()),
+enum Part<'a> {
+    Operation(&'a RecordKey),
+    Principal(&'a RecordKey),
+}
+
+#[cfg(feature = "tracing")]
+impl std::fmt::Display for Part<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (key, principal) = match self {
+            Part::Operation(key) => (key, false),
+            Part::Principal(key) => (key, true),
+        };
+        let Some((operation, who, _)) = RecordKey::split(key.as_bytes()) else {
+            return Ok(());
+        };
+        let part = if principal { who } else { operation };
+        write!(f, "{}", String::from_utf8_lossy(part))
     }
 }

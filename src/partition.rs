@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use redb::TableDefinition;
+use redb::{ReadTransaction, TableDefinition, TableHandle};
+
+use crate::error::Error;
 
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
 const PREFIX: &str = "idemdb_p_";
@@ -62,6 +64,16 @@ impl Partition {
             .saturating_add(self.width)
             .saturating_add(self.ttl)
     }
+}
+
+/// The names of the partition tables in `txn`: the tables are the catalog, there is no other
+/// list to keep in step.
+pub(crate) fn partition_tables(txn: &ReadTransaction) -> Result<Vec<String>, Error> {
+    Ok(txn
+        .list_tables()?
+        .map(|t| t.name().to_string())
+        .filter(|n| Partition::is_partition_name(n))
+        .collect())
 }
 
 /// The partitions that exist, oldest window first. Immutable: a change installs a new one.

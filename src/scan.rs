@@ -17,7 +17,7 @@ pub use verify::{Problem, VerifyReport};
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::meta::INFLIGHT;
-use crate::partition::Partition;
+use crate::partition::{Partition, partition_tables};
 use crate::record::{Record, RecordState};
 use crate::scope::{Key, RecordKey, Scope};
 
@@ -245,10 +245,9 @@ fn tables_to_scan(
 
 /// The partition tables of a transaction, oldest window first, as the catalog orders them.
 pub(crate) fn partitions(txn: &ReadTransaction) -> Result<Vec<(String, u64, u64, u64)>, Error> {
-    let mut parts: Vec<(String, u64, u64, u64)> = txn
-        .list_tables()?
-        .filter_map(|t| {
-            let name = t.name().to_string();
+    let mut parts: Vec<(String, u64, u64, u64)> = partition_tables(txn)?
+        .into_iter()
+        .filter_map(|name| {
             let (start, width, ttl) = Partition::parse_name(&name)?;
             Some((name, start, width, ttl))
         })

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{T0, acquired};
+use common::{T0, acquired, format_version};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -560,17 +560,9 @@ fn a_future_format_version_is_refused() {
         );
         db.complete(&r, b"v1".to_vec()).unwrap();
     }
+    assert_eq!(format_version(&path), Some(3u32.to_le_bytes().to_vec()));
     {
         let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_read().unwrap();
-        let version = txn
-            .open_table(META)
-            .unwrap()
-            .get("format_version")
-            .unwrap()
-            .map(|v| v.value().to_vec());
-        assert_eq!(version, Some(3u32.to_le_bytes().to_vec()));
-        drop(txn);
         let txn = db.begin_write().unwrap();
         txn.open_table(META)
             .unwrap()
@@ -585,15 +577,7 @@ fn a_future_format_version_is_refused() {
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
     // The refusal did not rewrite the version.
-    let db = redb::Database::open(&path).unwrap();
-    let txn = db.begin_read().unwrap();
-    let version = txn
-        .open_table(META)
-        .unwrap()
-        .get("format_version")
-        .unwrap()
-        .map(|v| v.value().to_vec());
-    assert_eq!(version, Some(4u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(4u32.to_le_bytes().to_vec()));
 }
 
 #[test]

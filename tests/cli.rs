@@ -346,13 +346,7 @@ fn verify_passes_a_healthy_file() {
 }
 
 fn partition_of(path: &Path) -> String {
-    let db = redb::Database::open(path).unwrap();
-    let txn = db.begin_read().unwrap();
-    txn.list_tables()
-        .unwrap()
-        .map(|t| t.name().to_string())
-        .find(|n| n.starts_with("idemdb_p_"))
-        .unwrap()
+    common::partition_tables(path).into_iter().next().unwrap()
 }
 
 #[test]

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use idemdb::ManualClock;
 use idemdb::testing::{
-    FaultBackend, KeyLog, Script, TearMode, check_recovered, run_workload, workload_retention,
+    FaultBackend, KeyLog, Script, TearMode, check_recovered, open_workload, run_workload,
 };
-use idemdb::{IdemDb, ManualClock};
 
 const THREADS: usize = 4;
 const START_MS: u64 = 1_767_225_600_000;
@@ -25,13 +25,7 @@ struct Run {
 fn run(sync: Option<(u64, TearMode)>, scripts_per_thread: usize) -> Run {
     let backend = FaultBackend::new();
     let clock = ManualClock::new(START_MS);
-    let db = Arc::new(
-        IdemDb::builder()
-            .clock(clock.clone())
-            .retention(workload_retention())
-            .open_with_backend(backend.clone())
-            .unwrap(),
-    );
+    let db = Arc::new(open_workload(backend.clone(), &clock).unwrap());
     if let Some((n, mode)) = sync {
         backend.crash_at_sync(n, mode);
     }

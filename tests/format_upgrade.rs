@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::acquired;
+use common::{acquired, format_version};
 use idemdb::redb::{
     ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
@@ -150,15 +150,9 @@ fn upgrades_from(version: u32) {
     drop(db);
 
     // The file is version 3 now, with its in-flight and horizon tables.
+    assert_eq!(format_version(&path), Some(3u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
-    let version = read
-        .open_table(META)
-        .unwrap()
-        .get("format_version")
-        .unwrap()
-        .map(|v| v.value().to_vec());
-    assert_eq!(version, Some(3u32.to_le_bytes().to_vec()));
     let names = table_names(&read);
     assert!(names.iter().any(|n| n == INFLIGHT.name()));
     assert!(names.iter().any(|n| n == HORIZON.name()));

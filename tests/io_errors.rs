@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemdb::testing::{
-    Fault, FaultBackend, KeyLog, Script, check_recovered, run_workload, workload_retention,
+    Fault, FaultBackend, KeyLog, Script, check_recovered, open_workload, run_workload,
 };
 use idemdb::{Error, IdemDb, Key, ManualClock, ReserveOutcome, Scope};
 
@@ -17,13 +17,7 @@ const THREADS: usize = 3;
 fn run_with(fault: Fault) -> bool {
     let backend = FaultBackend::new();
     let clock = ManualClock::new(1_767_225_600_000);
-    let db = Arc::new(
-        IdemDb::builder()
-            .clock(clock.clone())
-            .retention(workload_retention())
-            .open_with_backend(backend.clone())
-            .unwrap(),
-    );
+    let db = Arc::new(open_workload(backend.clone(), &clock).unwrap());
     backend.inject(fault);
     let logs = run_workload(&db, &clock, THREADS, Script::ALL.len());
     let failed = logs.iter().any(KeyLog::had_call_in_flight);

@@ -6,8 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{T0, acquired, minutes, open_retained};
-use idemdb::redb::{ReadableDatabase, TableHandle};
+use common::{T0, acquired, minutes, open_retained, partition_tables};
 use idemdb::{Key, ManualClock, ReserveOutcome, Scope};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -16,16 +15,6 @@ const MIN: u64 = 60_000;
 fn finish(db: &idemdb::IdemDb, scope: &Scope, key: &str, response: &str) {
     let r = acquired(db.reserve(scope, &Key::new(key), b"x", LEASE).unwrap());
     db.complete(&r, response.as_bytes().to_vec()).unwrap();
-}
-
-fn partition_tables(path: &std::path::Path) -> Vec<String> {
-    let db = idemdb::redb::Database::open(path).unwrap();
-    let read = db.begin_read().unwrap();
-    read.list_tables()
-        .unwrap()
-        .map(|t| t.name().to_string())
-        .filter(|n| n.starts_with("idemdb_p_"))
-        .collect()
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{T0, acquired, minutes, open_retained};
-use idemdb::redb::{self, ReadableDatabase, TableDefinition, TableHandle};
+use idemdb::redb::{self, TableDefinition};
 use idemdb::{
     Error, IdemDb, Key, ManualClock, RecordState, ScanFilter, ScannedRecord, Scope, StoredIn,
 };
@@ -163,13 +163,7 @@ fn a_second_open_of_the_same_file_is_refused_as_already_open() {
 }
 
 fn partition_name(path: &Path) -> String {
-    let db = redb::Database::open(path).unwrap();
-    let txn = db.begin_read().unwrap();
-    txn.list_tables()
-        .unwrap()
-        .map(|t| t.name().to_string())
-        .find(|n| n.starts_with("idemdb_p_"))
-        .unwrap()
+    common::partition_tables(path).into_iter().next().unwrap()
 }
 
 /// Writes `entries` into `table` of the closed database at `path`, through redb alone.

@@ -5,10 +5,10 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
+use idemdb::ManualClock;
 use idemdb::testing::{
-    FaultBackend, KeyLog, Script, TearMode, check_recovered, run_script, workload_retention,
+    FaultBackend, KeyLog, Script, TearMode, check_recovered, open_workload, run_script,
 };
-use idemdb::{IdemDb, ManualClock};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -37,11 +37,7 @@ fuzz_target!(|input: Input| {
     };
     let backend = FaultBackend::new();
     let clock = ManualClock::new(1_700_000_000_000 + u64::from(input.start_ms));
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .retention(workload_retention())
-        .open_with_backend(backend.clone())
-        .expect("open an empty backend");
+    let db = open_workload(backend.clone(), &clock).expect("open an empty backend");
     backend.crash_at_sync(u64::from(input.crash_sync), mode);
     let mut logs = Vec::new();
     for (i, script) in scripts.into_iter().enumerate() {

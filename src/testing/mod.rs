@@ -7,7 +7,7 @@ mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
 pub use workload::{
-    CrashCheck, KeyLog, Script, check_recovered, run_script, run_workload, workload_retention,
+    CrashCheck, KeyLog, Script, check_recovered, open_workload, run_script, run_workload,
 };
 
 /// Operations queued for the writer and not yet taken into a batch: lets a test line up a

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redb::{ReadableTable, TableDefinition, TableHandle};
+use redb::{ReadableTable, TableDefinition};
 
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::horizon::HORIZON;
 use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-use crate::partition::Partition;
+use crate::partition::partition_tables;
 use crate::record::{Record, RecordState};
 use crate::retention::Retention;
 use crate::scope::{Key, Scope};
@@ -47,7 +47,7 @@ pub enum Script {
     /// reserve with a short lease, the clock passes it, a takeover, the stale owner is
     /// fenced, the new owner completes
     Takeover,
-    /// under the short-TTL operation (see [`workload_retention`]): reserve, complete, the clock
+    /// under the short-TTL operation (see [`open_workload`]): reserve, complete, the clock
     /// passes the TTL, `compact_now` drops the partition, the key comes back and is acquired
     /// flagged beyond the horizon, and completes again
     Expire,
@@ -71,11 +71,19 @@ impl Script {
 /// The operation whose records expire in the workload: TTL 1 s.
 const EXPIRING_OP: &str = "crash-expire";
 
+/// Opens a workload database over `backend` on `clock`, with the workload's retention (below).
+pub fn open_workload(backend: super::FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(workload_retention())
+        .open_with_backend(backend)
+}
+
 /// The retention every workload database is opened with: records of [`Script::Expire`] live
 /// 1 s, all others ten years (they never expire during a run); partitions are 1 s wide, so a
 /// run spreads its records over dozens of them; dropped keys are recognised for a million
 /// TTLs; no background compactor (the scripts compact).
-pub fn workload_retention() -> Retention {
+fn workload_retention() -> Retention {
     Retention::default()
         .ttl(Duration::from_secs(3650 * 86_400))
         .operation_ttl(EXPIRING_OP, Duration::from_secs(1))
@@ -476,10 +484,7 @@ pub fn check_recovered(
         Err(e) => return Err(format!("redb's integrity check failed: {e}")),
     }
     drop(raw);
-    let db = IdemDb::builder()
-        .clock(clock)
-        .retention(workload_retention())
-        .open_with_backend(super::FaultBackend::from_image(image))
+    let db = open_workload(super::FaultBackend::from_image(image), &clock)
         .map_err(|e| format!("reopen failed: {e}"))?;
     let mut summary = CrashCheck::default();
     let read = db.begin_read().map_err(|e| e.to_string())?;
@@ -523,12 +528,7 @@ pub fn check_recovered(
         summary.in_flight += u64::from(log.in_flight.is_some());
         summary.compactions_in_flight += u64::from(log.in_flight.is_some() && log.compacting);
     }
-    let partitions: Vec<String> = read
-        .list_tables()
-        .map_err(|e| e.to_string())?
-        .map(|t| t.name().to_string())
-        .filter(|n| Partition::is_partition_name(n))
-        .collect();
+    let partitions = partition_tables(&read).map_err(|e| e.to_string())?;
     let tables = std::iter::once((INFLIGHT, true)).chain(
         partitions
             .iter()

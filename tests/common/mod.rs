@@ -49,3 +49,27 @@ pub fn minutes(ttl_minutes: u64) -> idemdb::Retention {
         .partition_width(std::time::Duration::from_secs(60))
         .compact_interval(None)
 }
+
+/// The partition tables of the closed database at `path`, read through redb alone.
+pub fn partition_tables(path: &std::path::Path) -> Vec<String> {
+    use idemdb::redb::{ReadableDatabase, TableHandle};
+    let db = idemdb::redb::Database::open(path).unwrap();
+    let read = db.begin_read().unwrap();
+    read.list_tables()
+        .unwrap()
+        .map(|t| t.name().to_string())
+        .filter(|n| n.starts_with("idemdb_p_"))
+        .collect()
+}
+
+/// The `format_version` meta entry of the closed database at `path`.
+pub fn format_version(path: &std::path::Path) -> Option<Vec<u8>> {
+    use idemdb::redb::{ReadableDatabase, TableDefinition};
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
+    let db = idemdb::redb::Database::open(path).unwrap();
+    let read = db.begin_read().unwrap();
+    let meta = read.open_table(META).unwrap();
+    meta.get("format_version")
+        .unwrap()
+        .map(|v| v.value().to_vec())
+}
