@@ -115,7 +115,7 @@ impl IdemDb {
 
     /// [`release`](Self::release), awaiting the commit.
     pub async fn release_async(&self, reservation: &Reservation) -> Result<(), Error> {
-        let op = Self::prepare_release(reservation);
+        let op = self.prepare_release(reservation)?;
         let done = self.writer.submit_async(op).await.and_then(done_answer);
         self.counted_owner(done, Some(Counter::Releases), is_fenced)
     }
@@ -126,7 +126,7 @@ impl IdemDb {
         reservation: &mut Reservation,
         lease: Duration,
     ) -> Result<(), Error> {
-        let op = Self::prepare_extend(reservation, lease)?;
+        let op = self.prepare_extend(reservation, lease)?;
         let done = self
             .writer
             .submit_async(op)

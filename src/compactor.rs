@@ -3,6 +3,7 @@
 //! own between the writer's batches. Run by a background thread and by `compact_now`.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,7 +14,7 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
 
 use crate::clock::Clock;
 use crate::error::Error;
-use crate::horizon::{HORIZON, encode_tags, row_key, row_until, tag};
+use crate::horizon::{HORIZON, decode_tags, encode_tags, row_key, row_until, tag};
 use crate::meta::INFLIGHT;
 use crate::partition::Partition;
 use crate::record::Record;
@@ -74,28 +75,30 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
         Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    let count = writer.exclusive(|txn| {
-        let (count, tags) = match txn.open_table(part.table()) {
-            // A batch that read the clock before this pass did may have added a record
-            // (already expired) since the read: read again, under the writer's lock.
-            Ok(table) if table.len()? != read.0 => read_keys(&table, writer, keep)?,
-            Ok(_) => read,
-            Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        txn.delete_table(part.table())?;
-        if keep && !tags.is_empty() {
-            txn.open_table(HORIZON)?.insert(
-                row_key(until, &part.name).as_slice(),
-                encode_tags(&tags).as_slice(),
-            )?;
-        }
-        // Under the writer's lock, so that no batch reopens (and so recreates) the table, and
-        // none runs between the drop and the recognition of its keys.
-        layout.partitions.remove(part.id);
-        layout.horizon.add(tags, until);
-        Ok(count)
-    })?;
+    let (count, _) = writer.exclusive(
+        |txn| {
+            let (count, tags) = match txn.open_table(part.table()) {
+                // A batch that read the clock before this pass did may have added a record
+                // (already expired) since the read: read again, under the writer's lock.
+                Ok(table) if table.len()? != read.0 => read_keys(&table, writer, keep)?,
+                Ok(_) => read,
+                Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            txn.delete_table(part.table())?;
+            if keep && !tags.is_empty() {
+                add_horizon_row(txn, until, &part.name, &tags)?;
+            }
+            Ok((count, tags))
+        },
+        // Under the writer's lock and after the commit, so that no batch reopens (and so
+        // recreates) the table, none runs between the drop and the recognition of its keys,
+        // and a drop that did not commit is not forgotten in memory.
+        |(_, tags)| {
+            layout.partitions.remove(part.id);
+            layout.horizon.add(tags.iter().copied(), until);
+        },
+    )?;
     // After the commit, outside the writer's lock: a batch that still finds the id in the
     // index skips it, as the catalog no longer has it.
     layout.index.remove_partition(part.id);
@@ -137,49 +140,70 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
     if expired.is_empty() {
         return Ok(0);
     }
-    let removed = writer.exclusive(|txn| {
-        let mut table = txn.open_table(INFLIGHT)?;
-        let mut removed = Vec::new();
-        for key in &expired {
-            // Looked at again: a takeover may have renewed it since the read.
-            let stale = match table.get(key.as_slice())? {
-                Some(v) => Record::decode(v.value())?.is_expired(now),
-                None => false,
-            };
-            if stale {
-                let rec = table.remove(key.as_slice())?;
-                if let Some(rec) = rec {
+    let name = format!("{}@{now}", INFLIGHT.name());
+    let (count, _) = writer.exclusive(
+        |txn| {
+            let mut table = txn.open_table(INFLIGHT)?;
+            let mut removed = Vec::new();
+            for key in &expired {
+                // Looked at again: a takeover may have renewed it since the read.
+                let stale = match table.get(key.as_slice())? {
+                    Some(v) => Record::decode(v.value())?.is_expired(now),
+                    None => false,
+                };
+                if stale && let Some(rec) = table.remove(key.as_slice())? {
                     removed.push((key.clone(), Record::decode(rec.value())?));
                 }
             }
-        }
-        let mut tags: Vec<u32> = Vec::new();
-        let mut until = 0u64;
-        for (key, rec) in &removed {
-            let ttl = layout.rules.ttl_ms(&RecordKey::from_stored(key));
-            let horizon = rec
-                .lease_expires_at
-                .saturating_add(layout.rules.horizon_ms(ttl));
-            if layout.rules.horizon_factor > 0 && now < horizon {
-                tags.push(tag(layout.index.hash(key)));
-                until = until.max(horizon);
+            // Each swept key is recognised until its own horizon (lease end + factor × TTL):
+            // one horizon row per distinct horizon.
+            let mut sets: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+            for (key, rec) in &removed {
+                let ttl = layout.rules.ttl_ms(&RecordKey::from_stored(key));
+                let until = rec
+                    .lease_expires_at
+                    .saturating_add(layout.rules.horizon_ms(ttl));
+                if layout.rules.horizon_factor > 0 && now < until {
+                    sets.entry(until)
+                        .or_default()
+                        .push(tag(layout.index.hash(key)));
+                }
             }
-        }
-        if !tags.is_empty() {
-            tags.sort_unstable();
-            tags.dedup();
-            let name = format!("{}@{now}", INFLIGHT.name());
-            txn.open_table(HORIZON)?.insert(
-                row_key(until, &name).as_slice(),
-                encode_tags(&tags).as_slice(),
-            )?;
-        }
-        Ok((removed.len() as u64, tags, until))
-    })?;
-    let (count, tags, until) = removed;
-    layout.horizon.add(tags, until);
+            for (until, tags) in &mut sets {
+                tags.sort_unstable();
+                tags.dedup();
+                add_horizon_row(txn, *until, &name, tags)?;
+            }
+            Ok((removed.len() as u64, sets))
+        },
+        |(_, sets)| {
+            for (until, tags) in sets {
+                layout.horizon.add(tags.iter().copied(), *until);
+            }
+        },
+    )?;
     writer.stats.add_n(Counter::ExpiredRecords, count);
     Ok(count)
+}
+
+/// Writes a horizon set, merged with a row already under the same key (two passes at one
+/// instant, or the same partition name again after a clock went back).
+fn add_horizon_row(
+    txn: &redb::WriteTransaction,
+    until: u64,
+    name: &str,
+    tags: &[u32],
+) -> Result<(), Error> {
+    let mut table = txn.open_table(HORIZON)?;
+    let key = row_key(until, name);
+    let mut merged = tags.to_vec();
+    if let Some(old) = table.get(key.as_slice())? {
+        merged.extend(decode_tags(old.value())?);
+        merged.sort_unstable();
+        merged.dedup();
+    }
+    table.insert(key.as_slice(), encode_tags(&merged).as_slice())?;
+    Ok(())
 }
 
 /// Deletes the horizon sets whose extended horizon passed.
@@ -199,13 +223,16 @@ fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
     if due.is_empty() {
         return Ok(0);
     }
-    writer.exclusive(|txn| {
-        let mut table = txn.open_table(HORIZON)?;
-        for key in &due {
-            table.remove(key.as_slice())?;
-        }
-        Ok(())
-    })?;
+    writer.exclusive(
+        |txn| {
+            let mut table = txn.open_table(HORIZON)?;
+            for key in &due {
+                table.remove(key.as_slice())?;
+            }
+            Ok(())
+        },
+        |_| {},
+    )?;
     Ok(due.len() as u64)
 }
 

@@ -128,6 +128,7 @@ impl IdemDb {
             limits,
             config,
             meta.next_token,
+            meta.database_id,
             Arc::new(layout),
         ));
         let committer = {
@@ -353,8 +354,8 @@ impl IdemDb {
     /// executes. Refused as [`complete`](Self::complete) is.
     pub fn release(&self, reservation: &Reservation) -> Result<(), Error> {
         let done = self
-            .writer
-            .submit(Self::prepare_release(reservation))
+            .prepare_release(reservation)
+            .and_then(|op| self.writer.submit(op))
             .and_then(done_answer);
         self.counted_owner(done, Some(Counter::Releases), is_fenced)
     }
@@ -364,7 +365,7 @@ impl IdemDb {
     /// ran out but who was not taken over may still extend, until the record expires (a TTL
     /// after the lease's end).
     pub fn extend(&self, reservation: &mut Reservation, lease: Duration) -> Result<(), Error> {
-        let op = Self::prepare_extend(reservation, lease)?;
+        let op = self.prepare_extend(reservation, lease)?;
         let done = self
             .writer
             .submit(op)

@@ -78,6 +78,9 @@ pub enum Error {
         /// The record's state.
         state: RecordState,
     },
+    /// The reservation was issued by another database: a caller mixed up two open databases.
+    /// Nothing changed.
+    ForeignReservation,
     /// The file is a redb database but not an idemdb one (or not a database at all).
     NotIdemdb(String),
     /// The file was written by a newer idemdb with a format this version cannot read.
@@ -122,6 +125,10 @@ impl fmt::Display for Error {
             Error::NotInProgress { state } => {
                 write!(f, "the record is {}, not in progress", state.as_str())
             }
+            Error::ForeignReservation => write!(
+                f,
+                "the reservation was issued by another database; nothing changed"
+            ),
             Error::NotIdemdb(why) => write!(f, "not an idemdb database: {why}"),
             Error::UnsupportedFormat { found, supported } => write!(
                 f,

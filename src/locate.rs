@@ -5,11 +5,14 @@
 //! Expiry is checked here, on every read: an expired record is reported as expired, never as
 //! live, whether or not its partition was dropped yet.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::error::Error;
 use crate::horizon::{HORIZON, Horizon, decode_tags, row_until};
 use crate::key_index::{Candidates, KeyIndex};
+use crate::meta::INFLIGHT;
 use crate::partition::{Catalog, Partition, Partitions, partition_tables};
 use crate::record::Record;
 use crate::retention::Rules;
@@ -21,6 +24,10 @@ pub(crate) struct Layout {
     pub(crate) partitions: Partitions,
     pub(crate) index: KeyIndex,
     pub(crate) horizon: Horizon,
+    /// No stored record was written later than this (ms): the writer raises it before each
+    /// batch. A record that expired at or before it may have a newer copy beside it, which a
+    /// clock gone back would show as live too (see [`Probe::UntilLive`]).
+    latest_write: AtomicU64,
 }
 
 impl Layout {
@@ -38,6 +45,7 @@ impl Layout {
                 index.insert(index.hash(k.value()), part.id);
             }
         }
+        let latest_write = copies_expire_by(&txn, &partitions, &index)?;
         let horizon = Horizon::default();
         for row in txn.open_table(HORIZON)?.iter()? {
             let (k, v) = row?;
@@ -51,15 +59,67 @@ impl Layout {
             partitions,
             index,
             horizon,
+            latest_write: AtomicU64::new(latest_write),
         })
     }
+
+    /// Called by the writer with the time of a batch, before it writes anything at it.
+    pub(crate) fn note_write_time(&self, now: u64) {
+        self.latest_write.fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// How far a snapshot lookup must go (see [`Probe::UntilLive`]).
+    pub(crate) fn snapshot_probe(&self) -> Probe {
+        Probe::UntilLive {
+            latest_write: self.latest_write.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The bound [`Layout::latest_write`] starts from at open: the latest expiry of a finished
+/// record whose key was acquired again (an IN_PROGRESS copy beside it). A write that acquired
+/// over an expired copy happened at or after that copy's expiry; nothing else at open needs
+/// the bound, as a lookup compares every partition copy of a key anyway.
+fn copies_expire_by(
+    txn: &redb::ReadTransaction,
+    partitions: &Partitions,
+    index: &KeyIndex,
+) -> Result<u64, Error> {
+    let catalog = partitions.catalog();
+    let mut tables = std::collections::HashMap::new();
+    let mut latest = 0;
+    for entry in txn.open_table(INFLIGHT)?.iter()? {
+        let (k, _) = entry?;
+        let key = RecordKey::from_stored(k.value());
+        let ids: Vec<_> = match index.candidates(index.hash(k.value())) {
+            Candidates::Nowhere => continue,
+            Candidates::In(ids) => ids.into_iter().filter(|&id| id != 0).collect(),
+            Candidates::Anywhere => catalog.parts().iter().map(|p| p.id).collect(),
+        };
+        for id in ids {
+            let Some(part) = catalog.get(id) else {
+                continue;
+            };
+            let table = match tables.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(txn.open_table(part.table())?)
+                }
+            };
+            if let Some(rec) = get_in(table, &key)? {
+                latest = latest.max(rec.expires_at);
+            }
+        }
+    }
+    Ok(latest)
 }
 
 /// What a lookup found for one key.
 #[derive(Debug, Default)]
 pub(crate) struct Found {
     /// The live record, if any. Should two copies look live (the clock went back past an
-    /// expiry), the one with the newer token wins: it was written last.
+    /// expiry), the one with the newer token wins, for the writer and the snapshots alike:
+    /// it was written last.
     pub(crate) live: Option<Record>,
     /// Some copy of the key had expired: the key is older than its retention.
     pub(crate) expired: bool,
@@ -86,9 +146,16 @@ pub(crate) enum Probe {
     /// Every place the key may be: the writer, which must also see expired copies and two
     /// live ones should the clock have gone back.
     All,
-    /// Stop at a live finished record: there is no live IN_PROGRESS one beside it (a key has
-    /// at most one live record), so a replay costs one B-tree probe. The snapshots.
-    UntilLive,
+    /// Stop at a live finished record that expires after `latest_write`, so a replay costs
+    /// one B-tree probe: no newer copy can exist beside it, since a key is acquired again
+    /// only once its record expired, and nothing was written after `latest_write`. A live
+    /// record that expires earlier may have been expired when a newer copy was acquired and
+    /// look live again only because the clock went back: then the in-flight table is probed
+    /// too, and the newest copy (highest token) wins, as for the writer. The snapshots.
+    UntilLive {
+        /// The latest time anything was written ([`Layout::note_write_time`]).
+        latest_write: u64,
+    },
 }
 
 /// One key to look up: its bytes, its key-index hash, and the time expiry is judged at.
@@ -114,9 +181,14 @@ pub(crate) fn find(
 ) -> Result<Found, Error> {
     let mut found = Found::default();
     in_partitions(&mut found, parts, at)?;
-    if (probe == Probe::All || found.live.is_none())
-        && let Some(v) = inflight.get(at.key.as_bytes())?
-    {
+    let look_further = match probe {
+        Probe::All => true,
+        Probe::UntilLive { latest_write } => found
+            .live
+            .as_ref()
+            .is_none_or(|live| live.expires_at <= latest_write),
+    };
+    if look_further && let Some(v) = inflight.get(at.key.as_bytes())? {
         found.consider(Record::decode(v.value())?, at.now);
     }
     Ok(found)

@@ -43,6 +43,9 @@ pub(crate) struct Meta {
     pub(crate) next_token: u64,
     /// Seed of the key index's hash, derived from the secret.
     pub(crate) index_seed: u64,
+    /// The database's identity, derived from the secret (random per database, kept with the
+    /// file): every [`Reservation`](crate::Reservation) carries the one that issued it.
+    pub(crate) database_id: u64,
 }
 
 /// Reads the meta table, creating it in an empty database. A database with other tables and
@@ -83,6 +86,7 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
     txn.commit()?;
     Ok(Meta {
         index_seed: index_seed(&secret),
+        database_id: database_id(&secret),
         fingerprinter: Fingerprinter::new(secret),
         next_token: 1,
     })
@@ -90,6 +94,10 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
 
 fn index_seed(secret: &[u8; SECRET_LEN]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0001)
+}
+
+fn database_id(secret: &[u8; SECRET_LEN]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0002)
 }
 
 /// Version 1 → 2: IN_PROGRESS records move from the records table to the in-flight table, in
@@ -220,6 +228,7 @@ fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
     Ok(Some((
         Meta {
             index_seed: index_seed(&secret),
+            database_id: database_id(&secret),
             fingerprinter: Fingerprinter::new(secret),
             next_token,
         },

@@ -88,3 +88,16 @@ impl std::fmt::Display for Part<'_> {
         write!(f, "{}", String::from_utf8_lossy(part))
     }
 }
+
+/// A partition was created for a window older than the newest of its class: the clock went
+/// back, or had jumped ahead once (the records written then keep their future partition).
+pub(crate) fn clock_behind(partition: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "idemdb::retention",
+        partition,
+        "the clock is behind a partition written earlier: it went back, or had jumped ahead"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = partition;
+}

@@ -132,12 +132,21 @@ impl IdemDb {
         replay(decision, existing).map(Some)
     }
 
+    /// Refuses a reservation issued by another database before anything is queued.
+    fn check_issuer(&self, res: &Reservation) -> Result<(), Error> {
+        if res.database_id != self.writer.database_id {
+            return Err(Error::ForeignReservation);
+        }
+        Ok(())
+    }
+
     pub(crate) fn prepare_finish(
         &self,
         res: &Reservation,
         state: RecordState,
         response: Vec<u8>,
     ) -> Result<WriteOp, Error> {
+        self.check_issuer(res)?;
         self.limits().check_response(&response)?;
         Ok(WriteOp::Finish {
             key: res.record_key.clone(),
@@ -167,14 +176,20 @@ impl IdemDb {
         Ok((op, error))
     }
 
-    pub(crate) fn prepare_release(res: &Reservation) -> WriteOp {
-        WriteOp::Release {
+    pub(crate) fn prepare_release(&self, res: &Reservation) -> Result<WriteOp, Error> {
+        self.check_issuer(res)?;
+        Ok(WriteOp::Release {
             key: res.record_key.clone(),
             token: res.token,
-        }
+        })
     }
 
-    pub(crate) fn prepare_extend(res: &Reservation, lease: Duration) -> Result<WriteOp, Error> {
+    pub(crate) fn prepare_extend(
+        &self,
+        res: &Reservation,
+        lease: Duration,
+    ) -> Result<WriteOp, Error> {
+        self.check_issuer(res)?;
         Ok(WriteOp::Extend {
             key: res.record_key.clone(),
             token: res.token,

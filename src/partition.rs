@@ -2,10 +2,10 @@
 //! named so that the set of partitions is the set of tables, with nothing else to keep in
 //! step. A partition is dropped whole once every record in it has expired.
 //!
-//! Invariant: every record in a partition has `updated_at < start + width` and
+//! Invariant: every record in a partition has `start ≤ updated_at < start + width` and
 //! `expires_at = updated_at + ttl`, so all of them have expired once `now ≥ drop_at()`.
-//! Records are placed in the newest partition of their class, never an older one, so a
-//! partition that has a newer sibling receives no more writes.
+//! A record goes to the partition of its own window, whatever newer partitions exist, so one
+//! record written under a clock that was far ahead holds back only its own partition.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,14 +102,16 @@ impl Catalog {
     pub(crate) fn get(&self, id: PartitionId) -> Option<&Arc<Partition>> {
         self.position(id).map(|i| &self.parts[i])
     }
+}
 
-    /// The newest partition of a (width, ttl) class.
-    fn newest(&self, width: u64, ttl: u64) -> Option<&Arc<Partition>> {
-        self.parts
-            .iter()
-            .rev()
-            .find(|p| p.width == width && p.ttl == ttl)
-    }
+/// Where [`Partitions::place`] put a record.
+pub(crate) struct Placement {
+    pub(crate) partition: Arc<Partition>,
+    /// The partition is new in the catalog: forget it if the transaction does not commit.
+    pub(crate) created: bool,
+    /// A partition of a later window of the same class exists: the clock is behind a time it
+    /// showed before (it went back, or it had jumped ahead).
+    pub(crate) behind_newest: bool,
 }
 
 /// The current catalog, shared by the writer (which adds partitions), the compactor (which
@@ -150,16 +152,30 @@ impl Partitions {
         Arc::clone(&self.current.read())
     }
 
-    /// The partition a record last changed at `now` with TTL `ttl` goes to: its window's, or
-    /// the newest of its class if that is newer (the clock went back). Called by the writer
-    /// only, so the catalog cannot change between the look and the install.
-    pub(crate) fn place(&self, now: u64, width: u64, ttl: u64) -> Arc<Partition> {
+    /// The partition a record last changed at `now` with TTL `ttl` goes to: the one of its
+    /// own window, created if needed, and whether it was created. Called by the writer only,
+    /// so the catalog cannot change between the look and the install.
+    ///
+    /// Always the record's own window, even when a newer partition of its class exists (the
+    /// clock went back, or once jumped ahead): a record placed in a future window would keep
+    /// that whole partition, and every later record put beside it, until the future date.
+    pub(crate) fn place(&self, now: u64, width: u64, ttl: u64) -> Placement {
         let window = now - now % width.max(1);
         let catalog = self.catalog();
-        if let Some(p) = catalog.newest(width, ttl)
-            && p.start >= window
-        {
-            return Arc::clone(p);
+        // The current window is the newest one almost always: search from the end.
+        let mut newer_exists = false;
+        for p in catalog.parts.iter().rev() {
+            if p.width != width || p.ttl != ttl {
+                continue;
+            }
+            if p.start == window {
+                return Placement {
+                    partition: Arc::clone(p),
+                    created: false,
+                    behind_newest: newer_exists,
+                };
+            }
+            newer_exists |= p.start > window;
         }
         let id = {
             let mut next = self.next_id.write();
@@ -182,7 +198,11 @@ impl Partitions {
         let mut parts = catalog.parts.clone();
         parts.push(Arc::clone(&part));
         *self.current.write() = Arc::new(Catalog::new(parts));
-        part
+        Placement {
+            partition: part,
+            created: true,
+            behind_newest: newer_exists,
+        }
     }
 
     /// Forgets a dropped partition.
@@ -223,21 +243,27 @@ mod tests {
     }
 
     #[test]
-    fn placement_follows_the_window_and_never_goes_back() {
+    fn placement_follows_the_window_even_when_the_clock_went_back() {
         let parts = Partitions::from_names([]);
         let a = parts.place(10_500, 1_000, 50);
+        assert!(a.created && !a.behind_newest);
+        let a = a.partition;
         assert_eq!((a.start, a.drop_at()), (10_000, 11_050));
-        assert_eq!(parts.place(10_999, 1_000, 50).id, a.id);
-        let other_ttl = parts.place(10_999, 1_000, 70);
+        let again = parts.place(10_999, 1_000, 50);
+        assert_eq!(again.partition.id, a.id);
+        assert!(!again.created);
+        let other_ttl = parts.place(10_999, 1_000, 70).partition;
         assert_ne!(other_ttl.id, a.id);
-        let b = parts.place(11_000, 1_000, 50);
+        let b = parts.place(11_000, 1_000, 50).partition;
         assert_eq!(b.start, 11_000);
-        assert_eq!(
-            parts.place(10_200, 1_000, 50).id,
-            b.id,
-            "the clock went back"
-        );
-        assert_eq!(parts.catalog().parts().len(), 3);
+        let back = parts.place(10_200, 1_000, 50);
+        assert_eq!(back.partition.id, a.id, "its own window, not the newest");
+        assert!(back.behind_newest && !back.created);
+        // A window older than any partition: created, and flagged as behind.
+        let older = parts.place(9_100, 1_000, 50);
+        assert!(older.created && older.behind_newest);
+        assert_eq!(older.partition.start, 9_000);
+        assert_eq!(parts.catalog().parts().len(), 4);
         parts.remove(a.id);
         assert!(parts.catalog().get(a.id).is_none());
         assert!(parts.catalog().get(b.id).is_some());
@@ -254,6 +280,6 @@ mod tests {
         let catalog = parts.catalog();
         let starts: Vec<u64> = catalog.parts().iter().map(|p| p.start).collect();
         assert_eq!(starts, [1_000, 2_000]);
-        assert_eq!(parts.place(2_500, 1_000, 5).start, 2_000);
+        assert_eq!(parts.place(2_500, 1_000, 5).partition.start, 2_000);
     }
 }

@@ -14,7 +14,7 @@ use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
 use crate::error::Error;
-use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
+use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, find, get_in};
 use crate::meta::INFLIGHT;
 use crate::partition::{Catalog, Partition};
 use crate::record::Record;
@@ -59,7 +59,7 @@ impl Tables {
             index: &layout.index,
             reader: &mut SnapshotParts(self),
         };
-        find(&self.inflight, parts, &at, Probe::UntilLive)
+        find(&self.inflight, parts, &at, layout.snapshot_probe())
     }
 }
 

@@ -93,6 +93,10 @@ pub struct Stats {
     pub expired_records: u64,
     /// Partitions dropped since open.
     pub partitions_dropped: u64,
+    /// Partitions created since open for a window older than the newest of their class: the
+    /// clock went back, or had once jumped ahead. Records stay in their own window, so the
+    /// future partition holds back only what was written in it.
+    pub clock_behind: u64,
     /// Records stored now, live or expired but not yet dropped (partitions and in-flight).
     pub stored_records: u64,
     /// Of those, IN_PROGRESS records (the in-flight table).
@@ -122,8 +126,9 @@ pub(crate) enum Counter {
     BeyondHorizon,
     ExpiredRecords,
     PartitionsDropped,
+    ClockBehind,
 }
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 13;
 
 impl Counter {
     /// The name under which the `metrics` feature exports it (a counter).
@@ -142,6 +147,7 @@ impl Counter {
             Counter::BeyondHorizon => "idemdb_beyond_horizon_total",
             Counter::ExpiredRecords => "idemdb_expired_records_total",
             Counter::PartitionsDropped => "idemdb_partitions_dropped_total",
+            Counter::ClockBehind => "idemdb_clock_behind_total",
         }
     }
 }
@@ -206,6 +212,7 @@ impl StatsCollector {
             beyond_horizon: sum(Counter::BeyondHorizon),
             expired_records: sum(Counter::ExpiredRecords),
             partitions_dropped: sum(Counter::PartitionsDropped),
+            clock_behind: sum(Counter::ClockBehind),
             // Filled in by IdemDb::stats from the file.
             stored_records: 0,
             in_flight_records: 0,

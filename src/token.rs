@@ -44,8 +44,13 @@ impl fmt::Display for FencingToken {
 /// [`release`](crate::IdemDb::release), [`extend`](crate::IdemDb::extend) or
 /// [`complete_with`](crate::IdemDb::complete_with). Once another caller has taken the record over
 /// after the lease expired, these are refused with [`Error::Fenced`](crate::Error::Fenced).
+/// A reservation belongs to the database that issued it, across reopens of that file (a
+/// byte copy of the file keeps the identity): presented to another database it is refused
+/// with [`Error::ForeignReservation`](crate::Error::ForeignReservation), and nothing changes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Reservation {
+    /// The database that issued it: owner calls on another database are refused.
+    pub(crate) database_id: u64,
     pub(crate) record_key: RecordKey,
     pub(crate) token: FencingToken,
     pub(crate) lease_expires_at: u64,

@@ -27,6 +27,7 @@ use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
 /// State shared by the ops of one transaction.
 pub(crate) struct Ctx<'a> {
     pub(crate) now_ms: u64,
+    pub(crate) database_id: u64,
     /// The next fencing token to issue; advanced by every acquisition.
     pub(crate) next_token: &'a mut u64,
     pub(crate) limits: &'a Limits,
@@ -90,6 +91,10 @@ pub(crate) struct Records<'t> {
     inflight: Table2<'t>,
     parts: OpenParts<'t>,
     layout: &'t Layout,
+    /// Partitions this transaction added to the catalog.
+    created: Vec<PartitionId>,
+    /// Of those, created behind a newer partition of their class (the clock is behind).
+    clock_behind: u64,
 }
 
 /// The partitions a write transaction opened so far.
@@ -122,7 +127,15 @@ impl<'t> Records<'t> {
                 open: HashMap::new(),
             },
             layout,
+            created: Vec::new(),
+            clock_behind: 0,
         })
+    }
+
+    /// The partitions this transaction added to the catalog, and how many of them were
+    /// created behind a newer one: the first must be forgotten unless it commits.
+    pub(crate) fn created_partitions(self) -> (Vec<PartitionId>, u64) {
+        (self.created, self.clock_behind)
     }
 
     fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
@@ -153,10 +166,18 @@ impl<'t> Records<'t> {
                 .insert(key.as_bytes(), rec.encode().as_slice())?;
         } else {
             rec.expires_at = rec.updated_at.saturating_add(ttl);
-            let part = self
+            let placed = self
                 .layout
                 .partitions
                 .place(rec.updated_at, rules.width_ms, ttl);
+            let part = placed.partition;
+            if placed.created {
+                self.created.push(part.id);
+                if placed.behind_newest {
+                    self.clock_behind += 1;
+                    crate::observe::clock_behind(&part.name);
+                }
+            }
             // Before the write: the index must never miss a stored record.
             self.layout.index.insert(hash, part.id);
             self.inflight.remove(key.as_bytes())?;
@@ -243,6 +264,7 @@ fn try_apply(
             let mut rec = acquire(found.live, fingerprint, lease_expires_at, ctx)?;
             records.store(&key, hash, &mut rec)?;
             let acquired = Reservation {
+                database_id: ctx.database_id,
                 record_key: key,
                 token: rec.token,
                 lease_expires_at,

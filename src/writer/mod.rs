@@ -53,6 +53,8 @@ pub(crate) fn refuse_reentry() -> Result<(), Error> {
 
 pub(crate) struct Writer {
     pub(crate) db: Arc<Database>,
+    /// Stamped on every reservation issued; owner calls presenting another are refused.
+    pub(crate) database_id: u64,
     /// Serialises compaction passes (the background one and `compact_now`).
     pub(crate) compaction: Mutex<()>,
     clock: Arc<dyn Clock>,
@@ -81,9 +83,20 @@ pub(crate) struct Writer {
 /// resume at the ceiling; up to this many are skipped, never reused.
 const TOKEN_BLOCK: u64 = 4096;
 
+/// One applied, not yet committed transaction of a batch.
+struct Segment {
+    txn: WriteTransaction,
+    applied: Vec<Applied>,
+    /// The token ceiling this transaction writes, to take effect in memory once it commits.
+    ceiling: Option<u64>,
+    /// Partitions it added to the catalog (forgotten unless it commits), and how many of
+    /// them lie behind a newer one.
+    created: (Vec<crate::partition::PartitionId>, u64),
+}
+
 struct LeaderState {
     next_token: u64,
-    /// The durable ceiling: every token issued so far is below it.
+    /// The committed ceiling: every token in a committed record is below it.
     token_ceiling: u64,
     batch_seq: u64,
 }
@@ -95,9 +108,11 @@ impl Writer {
         limits: Limits,
         config: WriterConfig,
         next_token: u64,
+        database_id: u64,
         layout: Arc<Layout>,
     ) -> Self {
         Writer {
+            database_id,
             compaction: Mutex::new(()),
             clock,
             limits,
@@ -149,11 +164,13 @@ impl Writer {
     }
 
     /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
-    /// compactor's drops), then refreshes the snapshot. A failed commit poisons the writer, as
-    /// a batch's would.
+    /// compactor's drops); once it committed, `publish` applies its in-memory side, still
+    /// between batches, and the snapshot is refreshed. A failed commit poisons the writer, as
+    /// a batch's would, and publishes nothing.
     pub(crate) fn exclusive<T>(
         &self,
         f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
+        publish: impl FnOnce(&T),
     ) -> Result<T, Error> {
         let _leader = self.leader.lock();
         if self.is_poisoned() {
@@ -180,6 +197,7 @@ impl Writer {
             }
         };
         txn.commit().map_err(|e| fail(e.into()))?;
+        publish(&out);
         self.snapshots.refresh();
         Ok(out)
     }
@@ -207,6 +225,7 @@ impl Writer {
             ..
         } = &mut *leader;
         let now_ms = self.clock.now_ms();
+        self.layout.note_write_time(now_ms);
         let keys: Vec<RecordKey> = batch.iter().map(|j| j.op.key().clone()).collect();
         let segments = segments(&batch);
         let mut ops = batch.into_iter().map(|j| j.op);
@@ -221,11 +240,17 @@ impl Writer {
             let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
             let mut ctx = Ctx {
                 now_ms,
+                database_id: self.database_id,
                 next_token,
                 limits: &self.limits,
             };
-            let applied = self.apply_segment(seg_ops, durable, &mut ctx, token_ceiling);
-            let (txn, applied) = match applied {
+            let segment = self.apply_segment(seg_ops, durable, &mut ctx, *token_ceiling);
+            let Segment {
+                txn,
+                applied,
+                ceiling,
+                created,
+            } = match segment {
                 Ok(done) => done,
                 Err(e) => return self.fail_batch(e, n),
             };
@@ -254,6 +279,19 @@ impl Writer {
             };
             if let Err(e) = step {
                 return self.fail_batch(e, n);
+            }
+            // In-memory state follows the commit (design.md, I19): the ceiling moves only
+            // with the transaction that wrote it; partitions placed by a transaction that did
+            // not commit are forgotten.
+            if rollback.is_none() && wrote {
+                if let Some(c) = ceiling {
+                    *token_ceiling = c;
+                }
+                self.stats.add_n(Counter::ClockBehind, created.1);
+            } else {
+                for id in created.0 {
+                    self.layout.partitions.remove(id);
+                }
             }
             uncovered |= !durable && rollback.is_none() && wrote;
             committed |= rollback.is_none() && wrote;
@@ -290,8 +328,8 @@ impl Writer {
         ops: Vec<WriteOp>,
         durable: bool,
         ctx: &mut Ctx<'_>,
-        token_ceiling: &mut u64,
-    ) -> Result<(WriteTransaction, Vec<Applied>), Error> {
+        token_ceiling: u64,
+    ) -> Result<Segment, Error> {
         let mut txn = self.db.begin_write()?;
         if !durable {
             txn.set_durability(Durability::None)?;
@@ -299,20 +337,29 @@ impl Writer {
             txn.set_quick_repair(true);
         }
         let mut applied = Vec::with_capacity(ops.len());
-        {
+        let created = {
             let mut records = Records::open(&txn, &self.layout)?;
             for op in ops {
                 applied.push(apply(op, &txn, &mut records, ctx));
             }
-        }
-        // Every token issued must be below a ceiling that is durable with it (or before it).
-        if *ctx.next_token > *token_ceiling && !applied.iter().any(|a| a.abort) {
-            let ceiling = ctx.next_token.saturating_add(TOKEN_BLOCK);
+            records.created_partitions()
+        };
+        // Every token in a committed record must be below a ceiling committed with it (or
+        // before it). Tokens of an acquisition that rolls back are skipped, never exposed.
+        let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
+        let mut ceiling = None;
+        if commits && *ctx.next_token > token_ceiling {
+            let raised = ctx.next_token.saturating_add(TOKEN_BLOCK);
             txn.open_table(META)?
-                .insert(NEXT_TOKEN_KEY, &ceiling.to_le_bytes()[..])?;
-            *token_ceiling = ceiling;
+                .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
+            ceiling = Some(raised);
         }
-        Ok((txn, applied))
+        Ok(Segment {
+            txn,
+            applied,
+            ceiling,
+            created,
+        })
     }
 
     /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
