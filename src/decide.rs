@@ -1,42 +1,72 @@
 //! Decisions, separate from the work: what a reservation or an owner's call does, given the
 //! record found. Used by the lock-free read path and by the writer alike.
 
+use std::time::Duration;
+
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::outcome::{ExecuteOutcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::token::FencingToken;
 
 /// What a reservation does with the record it found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Decision {
-    /// No record: create one.
+    /// No live record: create one.
     Acquire,
     /// An IN_PROGRESS record whose lease ran out: take it over with a new token.
-    TakeOver,
+    TakeOver(Record),
+    /// Answer without writing.
+    Replay(Replay),
+}
+
+/// The answer a duplicate gets, written once and converted into each public outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Replay {
     Mismatch,
-    ReplayCompleted,
-    ReplayFailed,
-    /// A live lease; `retry_after_ms` is what is left of it.
-    InProgress {
-        retry_after_ms: u64,
-    },
+    Completed(Vec<u8>),
+    Failed(Vec<u8>),
+    /// A live lease, with what is left of it.
+    InProgress { retry_after: Duration },
+}
+
+impl From<Replay> for ReserveOutcome {
+    fn from(r: Replay) -> Self {
+        match r {
+            Replay::Mismatch => ReserveOutcome::Mismatch,
+            Replay::Completed(b) => ReserveOutcome::Completed(b),
+            Replay::Failed(b) => ReserveOutcome::Failed(b),
+            Replay::InProgress { retry_after } => ReserveOutcome::InProgress { retry_after },
+        }
+    }
+}
+
+impl From<Replay> for ExecuteOutcome {
+    fn from(r: Replay) -> Self {
+        match r {
+            Replay::Mismatch => ExecuteOutcome::Mismatch,
+            Replay::Completed(b) => ExecuteOutcome::Completed(b),
+            Replay::Failed(b) => ExecuteOutcome::Failed(b),
+            Replay::InProgress { retry_after } => ExecuteOutcome::InProgress { retry_after },
+        }
+    }
 }
 
 /// Rows of the outcome table in docs/semantics.md, checked top to bottom.
-pub(crate) fn decide(existing: Option<&Record>, fp: Fingerprint, now_ms: u64) -> Decision {
+pub(crate) fn decide(existing: Option<Record>, fp: Fingerprint, now_ms: u64) -> Decision {
     let Some(rec) = existing else {
         return Decision::Acquire;
     };
     if rec.fingerprint != fp {
-        return Decision::Mismatch;
+        return Decision::Replay(Replay::Mismatch);
     }
     match rec.state {
-        RecordState::Completed => Decision::ReplayCompleted,
-        RecordState::Failed => Decision::ReplayFailed,
-        RecordState::InProgress if now_ms >= rec.lease_expires_at => Decision::TakeOver,
-        RecordState::InProgress => Decision::InProgress {
-            retry_after_ms: rec.lease_expires_at - now_ms,
-        },
+        RecordState::Completed => Decision::Replay(Replay::Completed(rec.response)),
+        RecordState::Failed => Decision::Replay(Replay::Failed(rec.response)),
+        RecordState::InProgress if now_ms >= rec.lease_expires_at => Decision::TakeOver(rec),
+        RecordState::InProgress => Decision::Replay(Replay::InProgress {
+            retry_after: Duration::from_millis(rec.lease_expires_at - now_ms),
+        }),
     }
 }
 
@@ -86,29 +116,34 @@ mod tests {
     fn outcome_table_rows() {
         let fp = Fingerprint::from_u128(1);
         let ip = rec(RecordState::InProgress, 1, 5, 100);
+        let replay = |r| Decision::Replay(r);
         assert_eq!(decide(None, fp, 0), Decision::Acquire);
         assert_eq!(
-            decide(Some(&rec(RecordState::Completed, 2, 5, 0)), fp, 0),
-            Decision::Mismatch
+            decide(Some(rec(RecordState::Completed, 2, 5, 0)), fp, 0),
+            replay(Replay::Mismatch)
         );
         assert_eq!(
-            decide(Some(&rec(RecordState::InProgress, 2, 5, 0)), fp, 500),
-            Decision::Mismatch,
+            decide(Some(rec(RecordState::InProgress, 2, 5, 0)), fp, 500),
+            replay(Replay::Mismatch),
             "mismatch is checked before the lease"
         );
+        let mut done = rec(RecordState::Completed, 1, 5, 0);
+        done.response = b"ok".to_vec();
         assert_eq!(
-            decide(Some(&rec(RecordState::Completed, 1, 5, 0)), fp, 0),
-            Decision::ReplayCompleted
+            decide(Some(done), fp, 0),
+            replay(Replay::Completed(b"ok".to_vec()))
         );
         assert_eq!(
-            decide(Some(&rec(RecordState::Failed, 1, 5, 0)), fp, 0),
-            Decision::ReplayFailed
+            decide(Some(rec(RecordState::Failed, 1, 5, 0)), fp, 0),
+            replay(Replay::Failed(Vec::new()))
         );
         assert_eq!(
-            decide(Some(&ip), fp, 40),
-            Decision::InProgress { retry_after_ms: 60 }
+            decide(Some(ip.clone()), fp, 40),
+            replay(Replay::InProgress {
+                retry_after: Duration::from_millis(60)
+            })
         );
-        assert_eq!(decide(Some(&ip), fp, 100), Decision::TakeOver);
+        assert_eq!(decide(Some(ip.clone()), fp, 100), Decision::TakeOver(ip));
     }
 
     #[test]

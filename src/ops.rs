@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::clock::duration_ms;
 use crate::db::IdemDb;
-use crate::decide::{Decision, decide};
+use crate::decide::{Decision, Replay, decide};
 use crate::error::{Error, ExecuteError, InputError};
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
@@ -21,7 +21,6 @@ use crate::stats::Counter;
 use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
-use crate::writer::replay;
 
 /// A `reserve_or_wait` under way: what each attempt reserves, and until when it may wait.
 pub(crate) struct Wait {
@@ -103,7 +102,7 @@ impl IdemDb {
         lease_ms: u64,
     ) -> Result<Prepared<ReserveOutcome>, Error> {
         if let Some(answer) = self.answer_from_snapshot(&key, fingerprint)? {
-            return Ok(Prepared::Answer(answer));
+            return Ok(Prepared::Answer(answer.into()));
         }
         Ok(Prepared::Submit(WriteOp::Reserve {
             key,
@@ -112,24 +111,21 @@ impl IdemDb {
         }))
     }
 
-    /// The answer a reservation gets without writing, if the snapshot decides it and what it
+    /// The answer a duplicate gets without writing, if the snapshot decides it and what it
     /// shows is durable. `None`: the writer must decide, inside its write transaction.
     fn answer_from_snapshot(
         &self,
         key: &RecordKey,
         fingerprint: Fingerprint,
-    ) -> Result<Option<ReserveOutcome>, Error> {
+    ) -> Result<Option<Replay>, Error> {
         let span = snapshot_span(key);
         let _span = span.enter();
         let now = self.clock.now_ms();
         let existing = self.writer.snapshots.find(key, now)?.live;
-        let decision = decide(existing.as_ref(), fingerprint, now);
-        if matches!(decision, Decision::Acquire | Decision::TakeOver)
-            || self.writer.durability.pending_for(key).is_some()
-        {
-            return Ok(None);
+        match decide(existing, fingerprint, now) {
+            Decision::Replay(r) if self.writer.durability.pending_for(key).is_none() => Ok(Some(r)),
+            _ => Ok(None),
         }
-        replay(decision, existing).map(Some)
     }
 
     /// Refuses a reservation issued by another database before anything is queued.
@@ -212,7 +208,7 @@ impl IdemDb {
         let fingerprint = self.fingerprinter.resolve(payload);
         let (body, error) = capture(body);
         let prepared = match self.answer_from_snapshot(&record_key, fingerprint)? {
-            Some(answer) => Prepared::Answer(execute_replay(answer)?),
+            Some(answer) => Prepared::Answer(answer.into()),
             None => Prepared::Submit(WriteOp::Execute {
                 key: record_key,
                 fingerprint,
@@ -363,21 +359,6 @@ pub(crate) fn execute_answer<E>(
         OpOutput::Executed(outcome) => Ok(outcome),
         other => Err(closure_answer(other, error)),
     }
-}
-
-fn execute_replay(answer: ReserveOutcome) -> Result<ExecuteOutcome, Error> {
-    Ok(match answer {
-        ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
-        ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
-        ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
-        ReserveOutcome::InProgress { retry_after } => ExecuteOutcome::InProgress { retry_after },
-        ReserveOutcome::BeyondHorizon => ExecuteOutcome::BeyondHorizon,
-        ReserveOutcome::Acquired(_) => {
-            return Err(Error::Corrupted(
-                "internal: a snapshot answered with an acquisition".into(),
-            ));
-        }
-    })
 }
 
 /// A lease in whole milliseconds, rounded up so that a sub-millisecond lease is not zero.

@@ -2,7 +2,6 @@
 //! the record tables (in-flight and partitions); committing and batching live in the writer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Duration;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -10,7 +9,7 @@ use std::collections::hash_map::Entry;
 use redb::{Table, WriteTransaction};
 
 use crate::config::Limits;
-use crate::decide::{Decision, check_owner, decide};
+use crate::decide::{Decision, Replay, check_owner, decide};
 use crate::error::Error;
 use crate::horizon::tag;
 use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
@@ -190,8 +189,8 @@ impl<'t> Records<'t> {
 
     /// Whether a key about to be acquired as new is a duplicate older than its retention: a
     /// copy of it expired, or it was dropped and is still recognised.
-    fn beyond_horizon(&self, found: &Found, hash: u64, now: u64) -> bool {
-        found.expired
+    fn beyond_horizon(&self, expired_copy: bool, hash: u64, now: u64) -> bool {
+        expired_copy
             || (self.layout.rules.horizon_factor > 0
                 && self.layout.horizon.recognises(tag(hash), now))
     }
@@ -249,19 +248,21 @@ fn try_apply(
             lease_ms,
             ..
         } => {
-            let decision = decide(found.live.as_ref(), fingerprint, now);
-            if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
-                let answer = replay(decision, found.live).map(OpOutput::Reserved);
-                return Ok(Applied::answer(answer));
-            }
-            let beyond = decision == Decision::Acquire && records.beyond_horizon(&found, hash, now);
-            if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
-                return Ok(Applied::refused(OpOutput::Reserved(
-                    ReserveOutcome::BeyondHorizon,
-                )));
-            }
             let lease_expires_at = now.saturating_add(lease_ms);
-            let mut rec = acquire(found.live, fingerprint, lease_expires_at, ctx)?;
+            let claim = claim(found, fingerprint, lease_expires_at, records, hash, ctx)?;
+            let (mut rec, takeover, beyond) = match claim {
+                Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Reserved(r.into())))),
+                Claim::Refused => {
+                    return Ok(Applied::refused(OpOutput::Reserved(
+                        ReserveOutcome::BeyondHorizon,
+                    )));
+                }
+                Claim::Acquired {
+                    rec,
+                    takeover,
+                    beyond,
+                } => (rec, takeover, beyond),
+            };
             records.store(&key, hash, &mut rec)?;
             let acquired = Reservation {
                 database_id: ctx.database_id,
@@ -269,7 +270,7 @@ fn try_apply(
                 token: rec.token,
                 lease_expires_at,
                 attempt: rec.attempts,
-                takeover: decision == Decision::TakeOver,
+                takeover,
                 beyond_horizon: beyond,
             };
             let mut applied =
@@ -325,29 +326,16 @@ fn try_apply(
         WriteOp::Execute {
             fingerprint, body, ..
         } => {
-            let decision = decide(found.live.as_ref(), fingerprint, now);
-            if !matches!(decision, Decision::Acquire | Decision::TakeOver) {
-                let out = match replay(decision, found.live)? {
-                    ReserveOutcome::Mismatch => ExecuteOutcome::Mismatch,
-                    ReserveOutcome::Completed(b) => ExecuteOutcome::Completed(b),
-                    ReserveOutcome::Failed(b) => ExecuteOutcome::Failed(b),
-                    ReserveOutcome::InProgress { retry_after } => {
-                        ExecuteOutcome::InProgress { retry_after }
-                    }
-                    ReserveOutcome::Acquired(_) | ReserveOutcome::BeyondHorizon => {
-                        return Err(Error::Corrupted("replay of an acquisition".into()));
-                    }
-                };
-                return Ok(Applied::answer(Ok(OpOutput::Executed(out))));
-            }
-            let beyond = decision == Decision::Acquire && records.beyond_horizon(&found, hash, now);
-            if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
-                return Ok(Applied::refused(OpOutput::Executed(
-                    ExecuteOutcome::BeyondHorizon,
-                )));
-            }
-            // Before the closure: no error may follow its writes but a rollback.
-            let mut rec = acquire(found.live, fingerprint, now, ctx)?;
+            // Claimed before the closure runs: no error may follow its writes but a rollback.
+            let (mut rec, beyond) = match claim(found, fingerprint, now, records, hash, ctx)? {
+                Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Executed(r.into())))),
+                Claim::Refused => {
+                    return Ok(Applied::refused(OpOutput::Executed(
+                        ExecuteOutcome::BeyondHorizon,
+                    )));
+                }
+                Claim::Acquired { rec, beyond, .. } => (rec, beyond),
+            };
             let mut tx = Tx::new(txn, now, beyond);
             let outcome = match run_closure(|| body(&mut tx)) {
                 Ok(outcome) => outcome,
@@ -380,54 +368,64 @@ fn run_closure<T>(f: impl FnOnce() -> Result<T, ClosureFailed>) -> Result<T, OpO
     }
 }
 
-/// A fresh IN_PROGRESS record, or the takeover of an expired one, with a new token.
-fn acquire(
-    existing: Option<Record>,
+/// What a reservation or an execute claims: the answer to a duplicate, a refusal by the
+/// beyond-horizon policy, or a new IN_PROGRESS record (not stored yet).
+enum Claim {
+    Replay(Replay),
+    Refused,
+    Acquired {
+        rec: Record,
+        takeover: bool,
+        beyond: bool,
+    },
+}
+
+/// Decides on the live record, and acquires the key if the decision says so: a fresh record,
+/// or the takeover of an expired lease, with a new token.
+fn claim(
+    found: Found,
     fingerprint: crate::fingerprint::Fingerprint,
     lease_expires_at: u64,
+    records: &Records<'_>,
+    hash: u64,
     ctx: &mut Ctx<'_>,
-) -> Result<Record, Error> {
+) -> Result<Claim, Error> {
+    let now = ctx.now_ms;
+    let (previous, beyond) = match decide(found.live, fingerprint, now) {
+        Decision::Replay(r) => return Ok(Claim::Replay(r)),
+        // A takeover is never beyond horizon: its record is live.
+        Decision::TakeOver(rec) => (Some(rec), false),
+        Decision::Acquire => (None, records.beyond_horizon(found.expired, hash, now)),
+    };
+    if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
+        return Ok(Claim::Refused);
+    }
     let token = FencingToken::new(*ctx.next_token)
         .ok_or_else(|| Error::Corrupted("fencing token counter at 0".into()))?;
     *ctx.next_token = ctx
         .next_token
         .checked_add(1)
         .ok_or_else(|| Error::Corrupted("fencing tokens exhausted".into()))?;
-    let (created_at, attempts) = match existing {
+    let takeover = previous.is_some();
+    let (created_at, attempts) = match previous {
         Some(prev) => (prev.created_at, prev.attempts.saturating_add(1)),
-        None => (ctx.now_ms, 1),
+        None => (now, 1),
     };
-    Ok(Record {
+    let rec = Record {
         state: RecordState::InProgress,
         fingerprint,
         token,
         lease_expires_at,
         created_at,
-        updated_at: ctx.now_ms,
+        updated_at: now,
         attempts,
         // Set by Records::store.
         expires_at: u64::MAX,
         response: Vec::new(),
-    })
-}
-
-/// The answer for a decision that writes nothing.
-pub(crate) fn replay(
-    decision: Decision,
-    existing: Option<Record>,
-) -> Result<ReserveOutcome, Error> {
-    Ok(match (decision, existing) {
-        (Decision::Mismatch, _) => ReserveOutcome::Mismatch,
-        (Decision::ReplayCompleted, Some(rec)) => ReserveOutcome::Completed(rec.response),
-        (Decision::ReplayFailed, Some(rec)) => ReserveOutcome::Failed(rec.response),
-        (Decision::InProgress { retry_after_ms }, _) => ReserveOutcome::InProgress {
-            retry_after: Duration::from_millis(retry_after_ms),
-        },
-        // decide() replays only an existing record and never calls this for an acquisition.
-        (other, _) => {
-            return Err(Error::Corrupted(format!(
-                "internal: {other:?} is not a replay"
-            )));
-        }
+    };
+    Ok(Claim::Acquired {
+        rec,
+        takeover,
+        beyond,
     })
 }

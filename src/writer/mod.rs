@@ -33,7 +33,6 @@ use crate::snapshot::Snapshots;
 use crate::stats::{Counter, StatsCollector};
 use crate::wait::WaitRegistry;
 
-pub(crate) use apply::replay;
 use apply::{Applied, Ctx, Records, apply};
 use op::{OpOutput, WriteOp};
 use queue::{Job, Queue};
