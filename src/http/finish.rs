@@ -72,22 +72,19 @@ where
             return Ok(Problem::HandlerFailed.response(&config.problem_type_prefix, detail));
         }
     };
-    if let Some(reservation) = guard.reservation.take() {
+    // The guard stays armed while settling: a request dropped between a failed store and
+    // the marker still releases its key.
+    if let Some(reservation) = &guard.reservation {
         let stored = StoredResponse::new(
             parts.status,
             &parts.headers,
             &config.stored_headers,
             body.to_vec(),
         );
-        settle(
-            shared,
-            &reservation,
-            finality,
-            parts.status,
-            stored.encode(),
-        )
-        .await;
+        let encoded = stored.encode();
+        settle(shared, reservation, finality, parts.status, encoded).await;
     }
+    guard.reservation = None;
     Ok(Response::from_parts(parts, Body::from(body)))
 }
 
