@@ -8,10 +8,10 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::post;
+use axum::routing::{MethodFilter, post};
 use http_body::Frame;
-use http_support::{Calls, Server, fresh_db, per_user, problem, request};
-use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
+use http_support::{Calls, Server, order, per_user, problem, request, serve};
+use idemdb::http::IdempotencyConfig;
 
 mod http_support;
 
@@ -38,10 +38,6 @@ impl http_body::Body for FailingBody {
 
 /// `/order` answers 201 "order <n>"; `/broken`'s first body fails midway, later ones don't.
 fn app(calls: &Calls) -> Router {
-    let order = {
-        let calls = calls.clone();
-        move || async move { (StatusCode::CREATED, format!("order {}", calls.next())) }
-    };
     let broken = {
         let calls = calls.clone();
         move || async move {
@@ -53,16 +49,12 @@ fn app(calls: &Calls) -> Router {
         }
     };
     Router::new()
-        .route("/order", post(order))
+        .route("/order", order(calls, MethodFilter::POST))
         .route("/broken", post(broken))
 }
 
 async fn start(config: IdempotencyConfig) -> (tempfile::TempDir, Calls, Server) {
-    let (dir, db) = fresh_db();
-    let calls = Calls::default();
-    let layer = IdempotencyLayer::new(db, config).unwrap();
-    let server = Server::start(app(&calls).layer(layer)).await;
-    (dir, calls, server)
+    serve(app, config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use http_support::{Calls, Server, fresh_db, per_user, request};
-use idemdb::http::IdempotencyLayer;
+use http_support::{Calls, Server, per_user, request, serve};
 
 mod http_support;
 
@@ -58,11 +57,7 @@ fn app(calls: &Calls) -> Router {
 }
 
 async fn start() -> (tempfile::TempDir, Calls, Server) {
-    let (dir, db) = fresh_db();
-    let calls = Calls::default();
-    let layer = IdempotencyLayer::new(db, per_user()).unwrap();
-    let server = Server::start(app(&calls).layer(layer)).await;
-    (dir, calls, server)
+    serve(app, per_user()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

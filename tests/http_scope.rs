@@ -2,31 +2,26 @@
 //! in to global keys; a scope too long for the store is the client's 4xx, not a 503.
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::post;
-use http_support::{Calls, Server, fresh_db, per_user, problem, request};
-use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
+use axum::routing::MethodFilter;
+use http_support::{Calls, Server, order, per_user, problem, request, serve};
+use idemdb::http::IdempotencyConfig;
 
 mod http_support;
 
-/// `/order` and `/items/{*rest}` answer 201 "order <n>", n counting the handler's runs.
+/// `/order` (POST and PATCH), `/other` and `/items/{*rest}` answer 201 "order <n>", n
+/// counting the handler's runs.
 fn app(calls: &Calls) -> Router {
-    let order = {
-        let calls = calls.clone();
-        move || async move { (StatusCode::CREATED, format!("order {}", calls.next())) }
-    };
     Router::new()
-        .route("/order", post(order.clone()).patch(order.clone()))
-        .route("/other", post(order.clone()))
-        .route("/items/{*rest}", post(order))
+        .route(
+            "/order",
+            order(calls, MethodFilter::POST.or(MethodFilter::PATCH)),
+        )
+        .route("/other", order(calls, MethodFilter::POST))
+        .route("/items/{*rest}", order(calls, MethodFilter::POST))
 }
 
 async fn start(config: IdempotencyConfig) -> (tempfile::TempDir, Calls, Server) {
-    let (dir, db) = fresh_db();
-    let calls = Calls::default();
-    let layer = IdempotencyLayer::new(db, config).unwrap();
-    let server = Server::start(app(&calls).layer(layer)).await;
-    (dir, calls, server)
+    serve(app, config).await
 }
 
 async fn text(resp: reqwest::Response) -> (u16, bool, String) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{Response, StatusCode};
 use axum::routing::post;
-use http_support::{Calls, Server, fresh_db, per_user, problem, request};
+use http_support::{Calls, Server, fresh_db, per_user, problem, request, serve_on};
 use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
 use idemdb::{Error, IdemDb, InputError, Key, Limits, RecordState, Scope};
 
@@ -33,9 +33,7 @@ fn app(calls: &Calls) -> Router {
 }
 
 async fn start(db: Arc<IdemDb>, config: IdempotencyConfig) -> (Calls, Server) {
-    let calls = Calls::default();
-    let layer = IdempotencyLayer::new(db, config).unwrap();
-    (calls.clone(), Server::start(app(&calls).layer(layer)).await)
+    serve_on(db, app, config).await
 }
 
 fn state(db: &IdemDb, key: &str) -> Option<RecordState> {

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::{MethodFilter, MethodRouter, on};
 use idemdb::IdemDb;
-use idemdb::http::IdempotencyConfig;
+use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
 use tokio::sync::oneshot;
 
 /// A server on an ephemeral port.
@@ -52,6 +54,36 @@ pub fn fresh_db() -> (tempfile::TempDir, Arc<IdemDb>) {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
     (dir, db)
+}
+
+/// `app`'s routes, given a fresh call count, behind the layer with `config` on `db`.
+pub async fn serve_on(
+    db: Arc<IdemDb>,
+    app: impl FnOnce(&Calls) -> Router,
+    config: IdempotencyConfig,
+) -> (Calls, Server) {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::new(db, config).unwrap();
+    let server = Server::start(app(&calls).layer(layer)).await;
+    (calls, server)
+}
+
+/// [`serve_on`] a fresh database.
+pub async fn serve(
+    app: impl FnOnce(&Calls) -> Router,
+    config: IdempotencyConfig,
+) -> (tempfile::TempDir, Calls, Server) {
+    let (dir, db) = fresh_db();
+    let (calls, server) = serve_on(db, app, config).await;
+    (dir, calls, server)
+}
+
+/// A handler for `methods` that answers 201 "order <n>", n counting its runs.
+pub fn order(calls: &Calls, methods: MethodFilter) -> MethodRouter {
+    let calls = calls.clone();
+    on(methods, move || async move {
+        (StatusCode::CREATED, format!("order {}", calls.next()))
+    })
 }
 
 /// Keys per caller, the caller named by the `x-user` header.
