@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
-use idemdb::http::IdempotencyLayer;
+use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
 use idemdb::{IdemDb, Key, Scope};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -28,7 +28,7 @@ async fn a_dropped_request_releases_its_key() {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(Arc::clone(&db));
+    let layer = IdempotencyLayer::new(Arc::clone(&db), IdempotencyConfig::global_keys()).unwrap();
     let handler = {
         let calls = Arc::clone(&calls);
         service_fn(move |_req: Request<Body>| {
@@ -84,7 +84,9 @@ async fn a_panicking_handler_releases_its_key_and_the_panic_goes_on() {
             }
         })
     };
-    let service = IdempotencyLayer::new(Arc::clone(&db)).layer(handler);
+    let service = IdempotencyLayer::new(Arc::clone(&db), IdempotencyConfig::global_keys())
+        .unwrap()
+        .layer(handler);
     let crashed = tokio::spawn(service.clone().oneshot(request("p"))).await;
     assert!(
         crashed.unwrap_err().is_panic(),
@@ -97,7 +99,7 @@ async fn a_panicking_handler_releases_its_key_and_the_panic_goes_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_too_large_to_store_is_sent_and_its_key_released() {
+async fn a_response_too_large_to_store_is_sent_and_a_marker_stored_in_its_place() {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
     let calls = Arc::new(AtomicUsize::new(0));
@@ -108,17 +110,28 @@ async fn a_response_too_large_to_store_is_sent_and_its_key_released() {
             async move { Ok::<_, std::convert::Infallible>(Response::new(Body::from(vec![7u8; 2048]))) }
         })
     };
-    let mut config = idemdb::http::IdempotencyConfig::default();
+    let mut config = IdempotencyConfig::global_keys();
     config.max_stored_response = 1024;
-    let service = IdempotencyLayer::with_config(Arc::clone(&db), config).layer(handler);
-    for round in 1..=2 {
-        let response = service.clone().oneshot(request("big")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        assert_eq!(body.len(), 2048, "sent in full");
-        assert_eq!(record(&db, "big"), None, "not stored: released");
-        assert_eq!(calls.load(Ordering::SeqCst), round);
-    }
+    let service = IdempotencyLayer::new(Arc::clone(&db), config)
+        .unwrap()
+        .layer(handler);
+    let response = service.clone().oneshot(request("big")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(body.len(), 2048, "sent in full");
+    assert_eq!(
+        record(&db, "big").unwrap().state,
+        idemdb::RecordState::Completed,
+        "settled with a marker, not released"
+    );
+    let retry = service.oneshot(request("big")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(retry.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the retry did not run it again"
+    );
 }

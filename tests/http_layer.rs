@@ -9,9 +9,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
+use http_support::Server;
 use idemdb::IdemDb;
 use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
-use tokio::sync::oneshot;
+
+mod http_support;
 
 #[derive(Clone, Default)]
 struct Counts {
@@ -47,45 +49,15 @@ async fn declined(State(c): State<Counts>) -> (StatusCode, &'static str) {
     (StatusCode::PAYMENT_REQUIRED, "card declined")
 }
 
-struct Server {
-    url: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Server {
-    async fn start(db: Arc<IdemDb>, counts: Counts, config: IdempotencyConfig) -> Server {
-        let app = Router::new()
-            .route("/purchase", post(purchase))
-            .route("/flaky", post(flaky))
-            .route("/declined", post(declined))
-            .layer(IdempotencyLayer::with_config(db, config))
-            .with_state(counts);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
-        Server {
-            url,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Stops the server and waits until it dropped its router (and so the database handle).
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.task.await.unwrap();
-    }
+/// The test routes behind the layer with `config`.
+async fn serve(db: Arc<IdemDb>, counts: Counts, config: IdempotencyConfig) -> Server {
+    let app = Router::new()
+        .route("/purchase", post(purchase))
+        .route("/flaky", post(flaky))
+        .route("/declined", post(declined))
+        .layer(IdempotencyLayer::new(db, config).unwrap())
+        .with_state(counts);
+    Server::start(app).await
 }
 
 /// What a client saw: status, the headers that matter here, the body bytes.
@@ -129,13 +101,13 @@ fn open(path: &std::path::Path) -> Arc<IdemDb> {
 async fn start(config: IdempotencyConfig) -> (tempfile::TempDir, Counts, Server) {
     let dir = tempfile::tempdir().unwrap();
     let counts = Counts::default();
-    let server = Server::start(open(&dir.path().join("db")), counts.clone(), config).await;
+    let server = serve(open(&dir.path().join("db")), counts.clone(), config).await;
     (dir, counts, server)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_duplicates_run_the_handler_once() {
-    let (_dir, counts, server) = start(IdempotencyConfig::default()).await;
+    let (_dir, counts, server) = start(IdempotencyConfig::global_keys()).await;
     let client = reqwest::Client::new();
     let url = format!("{}/purchase", server.url);
     let replies: Vec<_> = (0..64)
@@ -190,7 +162,7 @@ async fn sixty_four_concurrent_duplicates_run_the_handler_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_problem_json_with_the_right_status() {
-    let mut config = IdempotencyConfig::default();
+    let mut config = IdempotencyConfig::global_keys();
     config.max_body = 64;
     let (_dir, counts, server) = start(config).await;
     let client = reqwest::Client::new();
@@ -236,7 +208,7 @@ async fn refusals_are_problem_json_with_the_right_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_releases_the_key_and_a_4xx_is_replayed() {
-    let (_dir, counts, server) = start(IdempotencyConfig::default()).await;
+    let (_dir, counts, server) = start(IdempotencyConfig::global_keys()).await;
     let client = reqwest::Client::new();
     let flaky = format!("{}/flaky", server.url);
     let (first, _) = send(&client, &flaky, Some("f"), "x").await;
@@ -272,7 +244,12 @@ async fn a_replay_after_a_restart_is_byte_identical() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let counts = Counts::default();
-    let server = Server::start(open(&path), counts.clone(), IdempotencyConfig::default()).await;
+    let server = serve(
+        open(&path),
+        counts.clone(),
+        IdempotencyConfig::global_keys(),
+    )
+    .await;
     let client = reqwest::Client::new();
     let (first, _) = send(
         &client,
@@ -284,7 +261,12 @@ async fn a_replay_after_a_restart_is_byte_identical() {
     drop(client);
     server.stop().await;
 
-    let server = Server::start(open(&path), counts.clone(), IdempotencyConfig::default()).await;
+    let server = serve(
+        open(&path),
+        counts.clone(),
+        IdempotencyConfig::global_keys(),
+    )
+    .await;
     let client = reqwest::Client::new();
     let (replay, _) = send(
         &client,
@@ -314,7 +296,7 @@ async fn a_replay_after_a_restart_is_byte_identical() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_wait_a_duplicate_gets_the_first_response_instead_of_409() {
-    let mut config = IdempotencyConfig::default();
+    let mut config = IdempotencyConfig::global_keys();
     config.wait = Some(Duration::from_secs(5));
     let (_dir, counts, server) = start(config).await;
     let client = reqwest::Client::new();

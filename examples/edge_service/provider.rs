@@ -26,8 +26,9 @@ struct Provider {
 
 pub async fn run(args: &Args) -> Result<(), BoxError> {
     let db = Arc::new(IdemDb::open(args.required("--db")?)?);
-    let mut config = IdempotencyConfig::default()
-        .principal(|parts| header(&parts.headers, "x-user").map(String::from));
+    // Keys per user: one user's key never replays another's charge.
+    let mut config =
+        IdempotencyConfig::new(|parts| header(&parts.headers, "x-user").map(String::from));
     // A duplicate arriving while the first charge runs waits for it and gets its answer.
     config.wait = Some(Duration::from_secs(1));
     let state = Provider {
@@ -38,7 +39,7 @@ pub async fn run(args: &Args) -> Result<(), BoxError> {
     let app = Router::new()
         .route("/charges", post(charge))
         .route("/count", get(count))
-        .layer(IdempotencyLayer::with_config(db, config))
+        .layer(IdempotencyLayer::new(db, config)?)
         .with_state(state);
     serve(args.number("--port", 0)?, app).await
 }

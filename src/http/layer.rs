@@ -1,0 +1,76 @@
+//! The tower layer: built once per set of routes, after checking the config against the
+//! store's limits.
+
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::config::IdempotencyConfig;
+use super::marker::Marker;
+use super::service::Idempotency;
+use crate::db::IdemDb;
+use crate::error::{Error, InputError};
+
+/// A tower [`Layer`] that makes a route idempotent under the `Idempotency-Key` header: the
+/// handler runs once per key and every retry gets its first response back.
+///
+/// See the module documentation for the full behaviour.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every request of the layer's routes shares.
+pub(crate) struct Shared {
+    pub(crate) db: Arc<IdemDb>,
+    pub(crate) config: IdempotencyConfig,
+}
+
+impl IdempotencyLayer {
+    /// The layer with `config` (from [`IdempotencyConfig::new`] or
+    /// [`IdempotencyConfig::global_keys`]) over `db`.
+    ///
+    /// Refused with [`Error::InvalidInput`] when a response or key the layer accepts could
+    /// not be stored, so that no handler's answer is ever left unstored for a limit:
+    /// `max_stored_response` above the store's
+    /// [`Limits::max_response_len`](crate::Limits::max_response_len), `max_key_len` above its
+    /// [`Limits::max_key_len`](crate::Limits::max_key_len), a store limit too small for the
+    /// layer's own marker of a too-large response, or a zero `lease`.
+    pub fn new(db: Arc<IdemDb>, config: IdempotencyConfig) -> Result<Self, Error> {
+        check_fits(&db, &config)?;
+        Ok(IdempotencyLayer {
+            shared: Arc::new(Shared { db, config }),
+        })
+    }
+}
+
+fn check_fits(db: &IdemDb, config: &IdempotencyConfig) -> Result<(), Error> {
+    let limits = db.limits();
+    let marker = Marker::max_encoded_len(&config.problem_type_prefix);
+    let checks = [
+        (
+            "max_stored_response",
+            config.max_stored_response,
+            limits.max_response_len,
+        ),
+        ("max_key_len", config.max_key_len, limits.max_key_len),
+        ("too-large response marker", marker, limits.max_response_len),
+    ];
+    for (what, len, max) in checks {
+        if len > max {
+            return Err(Error::InvalidInput(InputError::TooLong { what, len, max }));
+        }
+    }
+    if config.lease.is_zero() {
+        return Err(Error::InvalidInput(InputError::ZeroLease));
+    }
+    Ok(())
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, Arc::clone(&self.shared))
+    }
+}
