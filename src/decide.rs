@@ -27,7 +27,9 @@ pub(crate) enum Replay {
     Completed(Vec<u8>),
     Failed(Vec<u8>),
     /// A live lease, with what is left of it.
-    InProgress { retry_after: Duration },
+    InProgress {
+        retry_after: Duration,
+    },
 }
 
 impl From<Replay> for ReserveOutcome {
