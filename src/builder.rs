@@ -165,17 +165,12 @@ impl Builder {
 
 fn open_error(e: redb::DatabaseError) -> Error {
     match e {
-        // redb reports a foreign file header as an I/O error of kind InvalidData.
+        // redb's contract: storage that does not hold a redb database is an I/O error of
+        // kind InvalidData (since redb 2.4).
         redb::DatabaseError::Storage(redb::StorageError::Io(io))
-            if io.kind() == std::io::ErrorKind::InvalidData
-                && io.to_string().contains("magic number") =>
+            if io.kind() == std::io::ErrorKind::InvalidData =>
         {
             Error::NotIdemdb(format!("not a redb database file ({io})"))
-        }
-        redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg))
-            if msg.contains("magic number") =>
-        {
-            Error::NotIdemdb(format!("not a redb database file ({msg})"))
         }
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => Error::Corrupted(msg),
         other => other.into(),

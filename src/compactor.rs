@@ -255,7 +255,10 @@ impl Compactor {
         let thread = std::thread::Builder::new()
             .name("idemdb-compactor".into())
             .spawn(move || run(&writer, &*clock, interval, &signal))
-            .map_err(|e| Error::Poisoned(format!("cannot start the compactor thread: {e}")))?;
+            .map_err(|e| Error::ThreadSpawn {
+                thread: "compactor",
+                source: Arc::new(e),
+            })?;
         Ok(Compactor {
             stop,
             thread: Some(thread),

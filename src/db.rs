@@ -136,7 +136,10 @@ impl IdemDb {
             std::thread::Builder::new()
                 .name("idemdb-committer".into())
                 .spawn(move || writer.run_committer())
-                .map_err(|e| Error::Poisoned(format!("cannot start the committer thread: {e}")))?
+                .map_err(|e| Error::ThreadSpawn {
+                    thread: "committer",
+                    source: Arc::new(e),
+                })?
         };
         let compactor = match retention.compact_interval {
             Some(interval) => Some(Compactor::start(
@@ -173,7 +176,7 @@ impl IdemDb {
         let _ = self.timer.set(Timer::start()?);
         self.timer
             .get()
-            .ok_or_else(|| Error::Poisoned("the timer did not start".into()))
+            .ok_or_else(|| Error::Internal("the timer was set but is missing".into()))
     }
 
     /// Counters of what the engine answered since open, and histograms of its commit batches.

@@ -32,6 +32,12 @@ pub enum InputError {
         /// The refused name.
         name: String,
     },
+    /// An inbox consumer's scope holds a record written by something else (another payload):
+    /// a consumer name was also used as an operation elsewhere.
+    ConsumerScopeShared {
+        /// The consumer name.
+        consumer: String,
+    },
 }
 
 impl fmt::Display for InputError {
@@ -48,6 +54,11 @@ impl fmt::Display for InputError {
                     "table name {name:?} uses the reserved prefix \"idemdb_\""
                 )
             }
+            InputError::ConsumerScopeShared { consumer } => write!(
+                f,
+                "consumer {consumer:?} shares its scope with records of another payload: \
+                 do not use a consumer name as an operation elsewhere"
+            ),
         }
     }
 }
@@ -92,6 +103,16 @@ pub enum Error {
     },
     /// Stored bytes failed validation.
     Corrupted(String),
+    /// An internal invariant failed: a bug in idemdb (please report it). Nothing was written
+    /// by the call that got it, unless it says otherwise.
+    Internal(String),
+    /// An engine thread (committer, compactor, timer) could not be started.
+    ThreadSpawn {
+        /// Which thread.
+        thread: &'static str,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
+    },
     /// A commit failed with an I/O error: the batch's changes may or may not be durable. A
     /// holder of a reservation from that batch may or may not hold it. Reopen, then read.
     OutcomeUnknown(Arc<redb::Error>),
@@ -135,6 +156,10 @@ impl fmt::Display for Error {
                 "database format version {found} is newer than this build supports ({supported})"
             ),
             Error::Corrupted(why) => write!(f, "corrupted data: {why}"),
+            Error::Internal(why) => write!(f, "internal error (a bug in idemdb): {why}"),
+            Error::ThreadSpawn { thread, source } => {
+                write!(f, "cannot start the {thread} thread: {source}")
+            }
             Error::OutcomeUnknown(e) => write!(
                 f,
                 "commit failed, outcome unknown (the changes may be durable); reopen the database: {e}"
@@ -162,6 +187,7 @@ impl std::error::Error for Error {
             Error::OutcomeUnknown(e) => Some(&**e),
             Error::Codec(e) => Some(&**e),
             Error::Storage(e) => Some(&**e),
+            Error::ThreadSpawn { source, .. } => Some(&**source),
             _ => None,
         }
     }

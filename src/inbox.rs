@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use crate::db::IdemDb;
-use crate::error::{Error, ExecuteError};
+use crate::error::{Error, ExecuteError, InputError};
 use crate::outcome::{ExecuteOutcome, Outcome};
 use crate::scope::{Key, Scope};
 use crate::tx::Tx;
@@ -42,18 +42,16 @@ fn names(consumer: &str, message_id: &[u8]) -> (Scope, Key) {
     (Scope::new(consumer, ""), Key::new(message_id))
 }
 
-fn consumed(outcome: ExecuteOutcome) -> Result<Consumed, Error> {
+fn consumed(consumer: &str, outcome: ExecuteOutcome) -> Result<Consumed, Error> {
     Ok(match outcome {
         ExecuteOutcome::Executed(_) => Consumed::Processed,
         ExecuteOutcome::Completed(_) | ExecuteOutcome::Failed(_) => Consumed::Duplicate,
         ExecuteOutcome::InProgress { retry_after } => Consumed::InProgress { retry_after },
         ExecuteOutcome::BeyondHorizon => Consumed::BeyondHorizon,
         ExecuteOutcome::Mismatch => {
-            return Err(Error::Corrupted(
-                "the consumer's scope holds a record of another payload: \
-                 do not use a consumer name as an operation elsewhere"
-                    .into(),
-            ));
+            return Err(Error::InvalidInput(InputError::ConsumerScopeShared {
+                consumer: consumer.to_string(),
+            }));
         }
     })
 }
@@ -99,7 +97,7 @@ impl IdemDb {
     {
         let (scope, key) = names(consumer, message_id.as_ref());
         let outcome = self.execute(&scope, &key, INBOX_PAYLOAD, body(handler))?;
-        Ok(consumed(outcome)?)
+        Ok(consumed(consumer, outcome)?)
     }
 
     /// Consumes a poll of many messages with one durable commit: each message runs in a
@@ -162,10 +160,10 @@ impl IdemDb {
         Ok(done
             .into_iter()
             .map(|out| match out {
-                Some(Ok(outcome)) => consumed(outcome).map_err(ExecuteError::Db),
+                Some(Ok(outcome)) => consumed(consumer, outcome).map_err(ExecuteError::Db),
                 Some(Err(e)) => Err(e),
-                None => Err(ExecuteError::Db(Error::Corrupted(
-                    "internal: a message was never answered".into(),
+                None => Err(ExecuteError::Db(Error::Internal(
+                    "a message was never answered".into(),
                 ))),
             })
             .collect())

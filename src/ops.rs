@@ -308,11 +308,10 @@ pub(crate) fn run_answer<T: 'static, E>(
     error: &ErrorSlot<E>,
 ) -> Result<T, ExecuteError<E>> {
     match output? {
-        OpOutput::Ran(value) => value.downcast::<T>().map(|v| *v).map_err(|_| {
-            ExecuteError::Db(Error::Corrupted(
-                "internal: run value of another type".into(),
-            ))
-        }),
+        OpOutput::Ran(value) => value
+            .downcast::<T>()
+            .map(|v| *v)
+            .map_err(|_| ExecuteError::Db(Error::Internal("a run value of another type".into()))),
         other => Err(closure_answer(other, error)),
     }
 }
@@ -402,7 +401,7 @@ fn closure_answer<E>(output: OpOutput, error: &ErrorSlot<E>) -> ExecuteError<E> 
     match output {
         OpOutput::ClosureFailed => match error.lock().take() {
             Some(e) => ExecuteError::Closure(e),
-            None => ExecuteError::Db(Error::Corrupted("closure error went missing".into())),
+            None => ExecuteError::Db(Error::Internal("a closure error went missing".into())),
         },
         OpOutput::ClosurePanicked(payload) => resume_unwind(payload),
         other => ExecuteError::Db(unexpected(other)),
@@ -410,5 +409,5 @@ fn closure_answer<E>(output: OpOutput, error: &ErrorSlot<E>) -> ExecuteError<E> 
 }
 
 fn unexpected(output: OpOutput) -> Error {
-    Error::Corrupted(format!("internal: unexpected writer answer {output:?}"))
+    Error::Internal(format!("unexpected writer answer {output:?}"))
 }

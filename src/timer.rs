@@ -39,7 +39,10 @@ impl Timer {
         let thread = std::thread::Builder::new()
             .name("idemdb-timer".into())
             .spawn(move || run(&theirs))
-            .map_err(|e| Error::Poisoned(format!("cannot start the timer thread: {e}")))?;
+            .map_err(|e| Error::ThreadSpawn {
+                thread: "timer",
+                source: Arc::new(e),
+            })?;
         Ok(Timer {
             shared,
             thread: Some(thread),

@@ -210,12 +210,18 @@ pub(crate) fn apply(
 ) -> Applied {
     match try_apply(op, txn, records, ctx) {
         Ok(applied) => applied,
-        // Only a record that fails to decode gives Corrupted, before the op wrote anything: it
-        // is reported to its caller alone.
-        Err(e @ Error::Corrupted(_)) => Applied::answer(Err(e)),
-        // A failed read or write leaves the transaction unusable.
-        Err(e) => Applied::aborted(Err(e)),
+        Err(Stop::Answer(e)) => Applied::answer(Err(e)),
+        Err(Stop::Abort(e)) => Applied::aborted(Err(e)),
     }
+}
+
+/// Why an op stopped with an error, decided where it happened.
+enum Stop {
+    /// Nothing of the op was written and the transaction is sound: its caller alone is told.
+    Answer(Error),
+    /// A write failed, or a read failed in storage, or the op's own writes cannot stand: the
+    /// transaction must roll back.
+    Abort(Error),
 }
 
 fn try_apply(
@@ -223,7 +229,7 @@ fn try_apply(
     txn: &WriteTransaction,
     records: &mut Records<'_>,
     ctx: &mut Ctx<'_>,
-) -> Result<Applied, Error> {
+) -> Result<Applied, Stop> {
     let now = ctx.now_ms;
     let op = match op {
         WriteOp::Run { body, .. } => {
@@ -237,19 +243,25 @@ fn try_apply(
     };
     let key = op.key().clone();
     let hash = records.layout.index.hash(key.as_bytes());
-    let found = records.find(&key, hash, now)?;
+    // A stored record that fails validation is this op's problem alone; a failed read leaves
+    // the transaction suspect.
+    let found = records.find(&key, hash, now).map_err(|e| match e {
+        Error::Corrupted(_) => Stop::Answer(e),
+        _ => Stop::Abort(e),
+    })?;
     match op {
         // Handled above.
-        WriteOp::Run { .. } => Err(Error::Corrupted(
-            "internal: a run op on the record path".into(),
-        )),
+        WriteOp::Run { .. } => Err(Stop::Answer(Error::Internal(
+            "a run op on the record path".into(),
+        ))),
         WriteOp::Reserve {
             fingerprint,
             lease_ms,
             ..
         } => {
             let lease_expires_at = now.saturating_add(lease_ms);
-            let claim = claim(found, fingerprint, lease_expires_at, records, hash, ctx)?;
+            let claim = claim(found, fingerprint, lease_expires_at, records, hash, ctx)
+                .map_err(Stop::Answer)?;
             let (mut rec, takeover, beyond) = match claim {
                 Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Reserved(r.into())))),
                 Claim::Refused => {
@@ -263,7 +275,7 @@ fn try_apply(
                     beyond,
                 } => (rec, takeover, beyond),
             };
-            records.store(&key, hash, &mut rec)?;
+            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             let acquired = Reservation {
                 database_id: ctx.database_id,
                 record_key: key,
@@ -295,18 +307,21 @@ fn try_apply(
                     Err(failed) => return Ok(Applied::aborted(Ok(failed))),
                 }
             }
-            let mut rec = found.live.ok_or(Error::UnknownRecord)?;
+            // check_owner found it live; the business writes may already stand.
+            let mut rec = found
+                .live
+                .ok_or_else(|| Stop::Abort(Error::Internal("an owned record vanished".into())))?;
             rec.state = state;
             rec.updated_at = now;
             rec.response = response;
-            records.store(&key, hash, &mut rec)?;
+            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         WriteOp::Release { token, .. } => {
             if let Err(e) = check_owner(found.live.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
-            records.remove(&key)?;
+            records.remove(&key).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         WriteOp::Extend {
@@ -315,10 +330,12 @@ fn try_apply(
             if let Err(e) = check_owner(found.live.as_ref(), token) {
                 return Ok(Applied::answer(Err(e)));
             }
-            let mut rec = found.live.ok_or(Error::UnknownRecord)?;
+            let mut rec = found
+                .live
+                .ok_or_else(|| Stop::Answer(Error::Internal("an owned record vanished".into())))?;
             rec.lease_expires_at = now.saturating_add(lease_ms);
             rec.updated_at = now;
-            records.store(&key, hash, &mut rec)?;
+            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Extended {
                 lease_expires_at: rec.lease_expires_at,
             }))
@@ -327,7 +344,9 @@ fn try_apply(
             fingerprint, body, ..
         } => {
             // Claimed before the closure runs: no error may follow its writes but a rollback.
-            let (mut rec, beyond) = match claim(found, fingerprint, now, records, hash, ctx)? {
+            let claimed =
+                claim(found, fingerprint, now, records, hash, ctx).map_err(Stop::Answer)?;
+            let (mut rec, beyond) = match claimed {
                 Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Executed(r.into())))),
                 Claim::Refused => {
                     return Ok(Applied::refused(OpOutput::Executed(
@@ -350,7 +369,7 @@ fn try_apply(
             };
             rec.state = state;
             rec.response = response;
-            records.store(&key, hash, &mut rec)?;
+            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             let mut applied =
                 Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)));
             applied.beyond_horizon = beyond;
@@ -401,11 +420,11 @@ fn claim(
         return Ok(Claim::Refused);
     }
     let token = FencingToken::new(*ctx.next_token)
-        .ok_or_else(|| Error::Corrupted("fencing token counter at 0".into()))?;
+        .ok_or_else(|| Error::Internal("fencing token counter at 0".into()))?;
     *ctx.next_token = ctx
         .next_token
         .checked_add(1)
-        .ok_or_else(|| Error::Corrupted("fencing tokens exhausted".into()))?;
+        .ok_or_else(|| Error::Internal("fencing tokens exhausted".into()))?;
     let takeover = previous.is_some();
     let (created_at, attempts) = match previous {
         Some(prev) => (prev.created_at, prev.attempts.saturating_add(1)),

@@ -255,7 +255,7 @@ impl Writer {
             };
             let rollback = applied.iter().find(|a| a.abort).map(|a| match &a.output {
                 Err(e) => e.clone(),
-                Ok(_) => Error::Corrupted("rolled back with a failing closure".into()),
+                Ok(_) => Error::Internal("rolled back without an error".into()),
             });
             // A transaction that changed nothing is not worth an fsync.
             let wrote = applied.iter().any(|a| a.changed);
