@@ -32,7 +32,8 @@ use idemdb::redb::TableDefinition;
 use idemdb::testing::{FaultBackend, TearMode};
 use idemdb::{
     BeyondHorizonPolicy, Error, ExecuteError, ExecuteOutcome, IdemDb, InputError, Key, Limits,
-    ManualClock, Outcome, Record, RecordState, Reservation, ReserveOutcome, Retention, Scope, Tx,
+    ManualClock, Outcome, Payload, Record, RecordState, Reservation, ReserveOutcome, Retention,
+    Scope, Tx,
 };
 
 use model::{Config, Decision, Effect, Id, Model, Refusal, St, all_ids};
@@ -498,6 +499,17 @@ impl Run {
         }
     }
 
+    /// The request as bytes, or (a fifth of the time) as the fingerprint of those bytes,
+    /// which must be the same request.
+    fn payload(&mut self, payload: usize) -> Payload<'static> {
+        let bytes = PAYLOADS[payload];
+        if self.rng.chance(20) {
+            Payload::Fingerprint(self.db().fingerprint(bytes))
+        } else {
+            Payload::Bytes(bytes)
+        }
+    }
+
     /// A response: usually within the limit, sometimes over it.
     fn pick_response(&mut self) -> Vec<u8> {
         if self.rng.chance(8) {
@@ -637,7 +649,7 @@ impl Run {
     fn reserve(&mut self, wait: bool) {
         let (id, payload, lease) = (self.pick_id(), self.pick_payload(), self.pick_lease());
         let (want, effect) = self.expect_reserve(id, payload, lease_ms(lease));
-        let (s, k, p) = (scope(id), key(id), PAYLOADS[payload]);
+        let (s, k, p) = (scope(id), key(id), self.payload(payload));
         let result = if wait {
             self.db().reserve_or_wait(&s, &k, p, lease, Duration::ZERO)
         } else {
@@ -733,7 +745,8 @@ impl Run {
             })
         };
         let (s, k) = (scope(id), key(id));
-        let result = catching(|| self.db().execute(&s, &k, PAYLOADS[payload], closure));
+        let p = self.payload(payload);
+        let result = catching(|| self.db().execute(&s, &k, p, closure));
         let got = match result {
             Err(()) => Ans::Panicked,
             Ok(Ok(ExecuteOutcome::Executed(o))) => Ans::Executed {
