@@ -41,6 +41,9 @@ pub(crate) struct Applied {
     pub(crate) abort: bool,
     /// The op met a key beyond its retention (acquired with the flag, or refused).
     pub(crate) beyond_horizon: bool,
+    /// An execute that took over an expired lease: its answer does not say so, so the writer
+    /// counts it (a reservation's takeover is counted from its `Reservation`).
+    pub(crate) execute_takeover: bool,
 }
 
 impl Applied {
@@ -50,6 +53,7 @@ impl Applied {
             changed: false,
             abort: false,
             beyond_horizon: false,
+            execute_takeover: false,
         }
     }
 
@@ -67,6 +71,7 @@ impl Applied {
             changed: true,
             abort: false,
             beyond_horizon: false,
+            execute_takeover: false,
         }
     }
 
@@ -76,6 +81,7 @@ impl Applied {
             changed: false,
             abort: true,
             beyond_horizon: false,
+            execute_takeover: false,
         }
     }
 }
@@ -346,14 +352,18 @@ fn try_apply(
             // Claimed before the closure runs: no error may follow its writes but a rollback.
             let claimed =
                 claim(found, fingerprint, now, records, hash, ctx).map_err(Stop::Answer)?;
-            let (mut rec, beyond) = match claimed {
+            let (mut rec, beyond, takeover) = match claimed {
                 Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Executed(r.into())))),
                 Claim::Refused => {
                     return Ok(Applied::refused(OpOutput::Executed(
                         ExecuteOutcome::BeyondHorizon,
                     )));
                 }
-                Claim::Acquired { rec, beyond, .. } => (rec, beyond),
+                Claim::Acquired {
+                    rec,
+                    beyond,
+                    takeover,
+                } => (rec, beyond, takeover),
             };
             let mut tx = Tx::new(txn, now, beyond);
             let outcome = match run_closure(|| body(&mut tx)) {
@@ -373,6 +383,7 @@ fn try_apply(
             let mut applied =
                 Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)));
             applied.beyond_horizon = beyond;
+            applied.execute_takeover = takeover;
             Ok(applied)
         }
     }

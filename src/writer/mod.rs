@@ -298,6 +298,9 @@ impl Writer {
                 if a.beyond_horizon && rollback.is_none() {
                     self.stats.add(Counter::BeyondHorizon);
                 }
+                if a.execute_takeover && rollback.is_none() {
+                    self.stats.add(Counter::Takeovers);
+                }
                 changed.push(a.changed && rollback.is_none());
                 results.push(match &rollback {
                     // A write in this transaction failed: its neighbours were rolled back too.

@@ -5,7 +5,7 @@
 //! says), because a stored expired copy is what makes a key beyond horizon (§6), and the
 //! recognised keys with the time until which each is recognised.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Scopes and keys of the test: few of each, so duplicates and takeovers are frequent.
 pub const SCOPES: usize = 2;
@@ -124,8 +124,11 @@ pub struct Model {
     inflight: BTreeMap<Id, Rec>,
     /// Finished copies per partition: at most one per identity in each.
     parts: BTreeMap<PartKey, BTreeMap<Id, Rec>>,
-    /// Recognised identities: until when (exclusive).
+    /// Recognised identities in memory: until when (exclusive).
     horizon: BTreeMap<Id, u64>,
+    /// The horizon rows on disk, (until, identity): written with each drop or sweep, deleted
+    /// by the pass after their horizon; what a reopen loads recognition from.
+    horizon_rows: BTreeSet<(u64, Id)>,
     /// The business row each committed closure wrote: the step number.
     pub rows: BTreeMap<Id, u64>,
     /// Every token issued so far is ≤ this.
@@ -140,6 +143,7 @@ impl Model {
             inflight: BTreeMap::new(),
             parts: BTreeMap::new(),
             horizon: BTreeMap::new(),
+            horizon_rows: BTreeSet::new(),
             rows: BTreeMap::new(),
             max_token: 0,
         }
@@ -324,23 +328,13 @@ impl Model {
         }
     }
 
-    /// A finished record leaves the in-flight table for a partition of its class: the
-    /// newest one if it starts at or after the record's window, else a new one (design §8.2).
+    /// A finished record leaves the in-flight table for the partition of its class and its
+    /// own window, whatever newer partitions exist (design §8.2).
     fn store_finished(&mut self, id: Id, rec: Rec) {
         self.inflight.remove(&id);
         let ttl = self.ttl(id);
         let window = rec.updated_at - rec.updated_at % self.cfg.width;
-        let newest = self
-            .parts
-            .keys()
-            .filter(|(_, t)| *t == ttl)
-            .map(|(s, _)| *s)
-            .max();
-        let start = match newest {
-            Some(s) if s >= window => s,
-            _ => window,
-        };
-        self.parts.entry((start, ttl)).or_default().insert(id, rec);
+        self.parts.entry((window, ttl)).or_default().insert(id, rec);
     }
 
     /// One compaction pass at `now` (semantics.md §6): due partitions, then abandoned
@@ -352,8 +346,14 @@ impl Model {
             report.records_expired += self.drop_partition(key, now);
         }
         report.in_flight_expired = self.sweep(now);
-        self.horizon.retain(|_, until| now < *until);
+        self.retire(now);
         report
+    }
+
+    /// Recognition that ran out leaves memory and disk.
+    fn retire(&mut self, now: u64) {
+        self.horizon.retain(|_, until| now < *until);
+        self.horizon_rows.retain(|(until, _)| now < *until);
     }
 
     /// The states a pass at `now` can leave after a power loss: each removal step is a
@@ -366,8 +366,10 @@ impl Model {
             states.push(m.clone());
         }
         if m.sweep(now) > 0 {
-            states.push(m);
+            states.push(m.clone());
         }
+        m.retire(now);
+        states.push(m);
         states
     }
 
@@ -414,6 +416,7 @@ impl Model {
         if self.cfg.factor > 0 && now < until {
             let entry = self.horizon.entry(id).or_insert(until);
             *entry = (*entry).max(until);
+            self.horizon_rows.insert((until, id));
         }
     }
 
@@ -431,10 +434,17 @@ impl Model {
         )
     }
 
-    /// At open, only recognition that has not run out is loaded (design.md §8.4); until
-    /// then, a key stays in memory until the pass after its horizon.
+    /// At open, recognition is loaded from the rows on disk that have not run out at `now`
+    /// (design.md §8.4): a clock that went back finds rows no pass retired yet. Until then, a
+    /// key stays in memory until the pass after its horizon.
     pub fn reopened(&mut self, now: u64) {
-        self.horizon.retain(|_, until| now < *until);
+        self.horizon.clear();
+        for &(until, id) in &self.horizon_rows {
+            if now < until {
+                let entry = self.horizon.entry(id).or_insert(until);
+                *entry = (*entry).max(until);
+            }
+        }
     }
 }
 
