@@ -70,7 +70,7 @@ impl IdemDb {
         timeout: Duration,
     ) -> Result<ReserveOutcome, Error> {
         let wait = self.prepare_wait(scope, key, payload.into(), lease, timeout)?;
-        let waiter = self.writer.waits.register(&wait.key);
+        let waiter = self.engine.waits.register(&wait.key);
         loop {
             let seen = waiter.generation();
             let outcome = match self.prepare_attempt(&wait)? {

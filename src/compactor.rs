@@ -38,12 +38,14 @@ pub struct CompactionReport {
 
 /// One pass at `now`. Passes are serialised by the writer's compaction lock.
 pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Error> {
-    let _one_at_a_time = writer.compaction.lock();
-    if writer.is_poisoned() {
-        return Err(writer.refusal());
+    let engine = &*writer.engine;
+    let _one_at_a_time = engine.compaction.lock();
+    if engine.is_poisoned() {
+        return Err(engine.refusal());
     }
     let mut report = CompactionReport::default();
     let due: Vec<Arc<Partition>> = writer
+        .engine
         .layout
         .partitions
         .catalog()
@@ -63,15 +65,16 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
 
 /// Drops `part`, keeping its keys' tags for the extended horizon. Returns its record count.
 fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Error> {
-    let layout = &writer.layout;
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
     let until = part
         .start
         .saturating_add(part.width)
         .saturating_add(layout.rules.horizon_ms(part.ttl));
     let keep = layout.rules.horizon_factor > 0 && now < until;
     // Read outside the writer, so the batches do not wait for it; checked again below.
-    let read = match writer.db.begin_read()?.open_table(part.table()) {
-        Ok(table) => read_keys(&table, writer, keep)?,
+    let read = match engine.db.begin_read()?.open_table(part.table()) {
+        Ok(table) => read_keys(&table, &layout.index, keep)?,
         Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
         Err(e) => return Err(e.into()),
     };
@@ -80,7 +83,7 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
             let (count, tags) = match txn.open_table(part.table()) {
                 // A batch that read the clock before this pass did may have added a record
                 // (already expired) since the read: read again, under the writer's lock.
-                Ok(table) if table.len()? != read.0 => read_keys(&table, writer, keep)?,
+                Ok(table) if table.len()? != read.0 => read_keys(&table, &layout.index, keep)?,
                 Ok(_) => read,
                 Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
                 Err(e) => return Err(e.into()),
@@ -102,21 +105,21 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
     // After the commit, outside the writer's lock: a batch that still finds the id in the
     // index skips it, as the catalog no longer has it.
     layout.index.remove_partition(part.id);
-    writer.stats.add_n(Counter::ExpiredRecords, count);
-    writer.stats.add(Counter::PartitionsDropped);
+    engine.stats.add_n(Counter::ExpiredRecords, count);
+    engine.stats.add(Counter::PartitionsDropped);
     Ok(count)
 }
 
 /// The number of records in a partition table and, if `with_tags`, their keys' tags, sorted.
 fn read_keys(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    writer: &Writer,
+    index: &crate::key_index::KeyIndex,
     with_tags: bool,
 ) -> Result<(u64, Vec<u32>), Error> {
     let mut tags = Vec::new();
     if with_tags {
         for entry in table.iter()? {
-            tags.push(tag(writer.layout.index.hash(entry?.0.value())));
+            tags.push(tag(index.hash(entry?.0.value())));
         }
         tags.sort_unstable();
         tags.dedup();
@@ -126,10 +129,11 @@ fn read_keys(
 
 /// Removes IN_PROGRESS records whose lease ended more than a TTL ago: their owner is gone.
 fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
-    let layout = &writer.layout;
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
     let mut expired = Vec::new();
     {
-        let txn = writer.db.begin_read()?;
+        let txn = engine.db.begin_read()?;
         for entry in txn.open_table(INFLIGHT)?.iter()? {
             let (k, v) = entry?;
             if Record::decode(v.value())?.is_expired(now) {
@@ -182,7 +186,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             }
         },
     )?;
-    writer.stats.add_n(Counter::ExpiredRecords, count);
+    engine.stats.add_n(Counter::ExpiredRecords, count);
     Ok(count)
 }
 
@@ -208,9 +212,10 @@ fn add_horizon_row(
 
 /// Deletes the horizon sets whose extended horizon passed.
 fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
+    let engine = &*writer.engine;
     let mut due = Vec::new();
     {
-        let txn = writer.db.begin_read()?;
+        let txn = engine.db.begin_read()?;
         for row in txn.open_table(HORIZON)?.iter()? {
             let (k, _) = row?;
             if row_until(k.value())? > now {
@@ -219,7 +224,7 @@ fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
             due.push(k.value().to_vec());
         }
     }
-    writer.layout.horizon.expire(now);
+    engine.layout.horizon.expire(now);
     if due.is_empty() {
         return Ok(0);
     }
@@ -296,11 +301,11 @@ fn run(writer: &Writer, clock: &dyn Clock, interval: Duration, stop: &(Mutex<boo
         match catch_unwind(AssertUnwindSafe(|| compact(writer, clock.now_ms()))) {
             Ok(Ok(_)) => {}
             // A poisoned writer refuses every pass from now on.
-            Ok(Err(_)) if writer.is_poisoned() => return,
+            Ok(Err(_)) if writer.engine.is_poisoned() => return,
             // Anything else (a read failed) is tried again next interval.
             Ok(Err(_)) => {}
             Err(panic) => {
-                writer.poison_with(format!(
+                writer.engine.poison_with(format!(
                     "the compactor thread panicked: {}",
                     panic_message(&*panic)
                 ));

@@ -11,6 +11,7 @@ use crate::builder::{Builder, FileSize};
 use crate::clock::Clock;
 use crate::compactor::{CompactionReport, Compactor, compact};
 use crate::config::{Limits, WriterConfig};
+use crate::engine::Engine;
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
 use crate::locate::Layout;
@@ -21,6 +22,7 @@ use crate::ops::{
 };
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
+use crate::reentry::refuse_reentry;
 use crate::retention::Retention;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::Counter;
@@ -28,7 +30,7 @@ use crate::stats::Stats;
 use crate::timer::Timer;
 use crate::token::Reservation;
 use crate::tx::Tx;
-use crate::writer::{Writer, refuse_reentry};
+use crate::writer::Writer;
 
 /// An idempotency store in one redb file.
 ///
@@ -64,10 +66,9 @@ use crate::writer::{Writer, refuse_reentry};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct IdemDb {
-    pub(crate) db: Arc<Database>,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) writer: Arc<Writer>,
     pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) clock: Arc<dyn Clock>,
     committer: Option<JoinHandle<()>>,
     compactor: Option<Compactor>,
     /// Started by the first async wait that needs a deadline.
@@ -121,16 +122,14 @@ impl IdemDb {
         let rules = retention.rules();
         let meta = meta::load_or_init(&db, &rules)?;
         let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
-        let db = Arc::new(db);
-        let writer = Arc::new(Writer::new(
-            Arc::clone(&db),
+        let engine = Arc::new(Engine::new(
+            Arc::new(db),
             Arc::clone(&clock),
             limits,
-            config,
-            meta.next_token,
             meta.database_id,
             Arc::new(layout),
         ));
+        let writer = Arc::new(Writer::new(Arc::clone(&engine), config, meta.next_token));
         let committer = {
             let writer = Arc::clone(&writer);
             std::thread::Builder::new()
@@ -150,10 +149,9 @@ impl IdemDb {
             None => None,
         };
         Ok(IdemDb {
-            db,
+            engine,
             writer,
             fingerprinter: meta.fingerprinter,
-            clock,
             committer: Some(committer),
             compactor,
             timer: OnceLock::new(),
@@ -195,13 +193,13 @@ impl IdemDb {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        let mut stats = self.writer.stats.snapshot();
-        let layout = &self.writer.layout;
+        let mut stats = self.engine.stats.snapshot();
+        let layout = &self.engine.layout;
         let catalog = layout.partitions.catalog();
         stats.partitions = catalog.parts().len() as u64;
         stats.horizon_keys = layout.horizon.len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
-        if let Ok(txn) = self.db.begin_read() {
+        if let Ok(txn) = self.engine.db.begin_read() {
             use redb::ReadableTableMetadata;
             let len = |t: Result<redb::ReadOnlyTable<&[u8], &[u8]>, redb::TableError>| {
                 t.ok().and_then(|t| t.len().ok()).unwrap_or(0)
@@ -256,7 +254,7 @@ impl IdemDb {
     /// ```
     pub fn compact_now(&self) -> Result<CompactionReport, Error> {
         refuse_reentry()?;
-        compact(&self.writer, self.clock.now_ms())
+        compact(&self.writer, self.engine.clock.now_ms())
     }
 
     /// The retention in force.
@@ -271,7 +269,7 @@ impl IdemDb {
 
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
-        self.writer.limits()
+        &self.engine.limits
     }
 
     /// Reserves the intent `key` in `scope` for the request `payload`, atomically.
@@ -310,7 +308,7 @@ impl IdemDb {
         timeout: Duration,
     ) -> Result<ReserveOutcome, Error> {
         let wait = self.prepare_wait(scope, key, payload.into(), lease, timeout)?;
-        let waiter = self.writer.waits.register(&wait.key);
+        let waiter = self.engine.waits.register(&wait.key);
         loop {
             let seen = waiter.generation();
             let outcome = match self.prepare_attempt(&wait)? {
@@ -484,13 +482,13 @@ impl IdemDb {
         let record_key = RecordKey::encode(scope, key, self.limits())?;
         loop {
             let record = self
-                .writer
+                .engine
                 .snapshots
-                .find(&record_key, self.clock.now_ms())?
+                .find(&record_key, self.engine.clock.now_ms())?
                 .live;
-            match self.writer.durability.pending_for(&record_key) {
+            match self.engine.durability.pending_for(&record_key) {
                 None => return Ok(record),
-                Some(seq) => self.writer.durability.wait(seq)?,
+                Some(seq) => self.engine.durability.wait(seq)?,
             }
         }
     }
@@ -499,9 +497,9 @@ impl IdemDb {
     /// only durable state: if the writer has non-durable commits in flight, this waits for the
     /// durable commit that covers them.
     pub fn begin_read(&self) -> Result<ReadTransaction, Error> {
-        let txn = self.db.begin_read()?;
-        if let Some(seq) = self.writer.durability.pending_any() {
-            self.writer.durability.wait(seq)?;
+        let txn = self.engine.db.begin_read()?;
+        if let Some(seq) = self.engine.durability.pending_any() {
+            self.engine.durability.wait(seq)?;
         }
         Ok(txn)
     }

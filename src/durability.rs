@@ -7,7 +7,7 @@
 //! the durable commit.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -18,6 +18,10 @@ use crate::scope::RecordKey;
 pub(crate) struct DurabilityTracker {
     /// Number of marked keys; lets readers skip the lock in the common case.
     marked: AtomicUsize,
+    /// The newest batch with a non-durable commit, keyed or not (a `run` has no key), and
+    /// the newest durable batch: `begin_read` waits while the first is ahead.
+    newest_marked: AtomicU64,
+    newest_durable: AtomicU64,
     inner: Mutex<Inner>,
     durable: Condvar,
 }
@@ -26,12 +30,13 @@ pub(crate) struct DurabilityTracker {
 struct Inner {
     undurable: HashMap<RecordKey, u64>,
     durable_seq: u64,
-    newest_marked_seq: u64,
     failed: bool,
 }
 
 impl DurabilityTracker {
     /// Marks `keys` as about to become visible before batch `seq` is durable.
+    /// Marks `keys` (none for a `run`) as about to become visible before batch `seq` is
+    /// durable.
     pub(crate) fn mark<'a>(&self, keys: impl Iterator<Item = &'a RecordKey>, seq: u64) {
         let mut inner = self.inner.lock();
         for key in keys {
@@ -39,13 +44,14 @@ impl DurabilityTracker {
                 self.marked.fetch_add(1, Ordering::SeqCst);
             }
         }
-        inner.newest_marked_seq = inner.newest_marked_seq.max(seq);
+        self.newest_marked.fetch_max(seq, Ordering::SeqCst);
     }
 
     /// Batch `seq` and every earlier one are durable.
     pub(crate) fn durable(&self, seq: u64) {
         let mut inner = self.inner.lock();
         inner.durable_seq = inner.durable_seq.max(seq);
+        self.newest_durable.fetch_max(seq, Ordering::SeqCst);
         let before = inner.undurable.len();
         inner.undurable.retain(|_, s| *s > seq);
         self.marked
@@ -71,16 +77,13 @@ impl DurabilityTracker {
 
     /// The newest batch whose non-durable commits a reader may have seen, if any is pending.
     pub(crate) fn pending_any(&self) -> Option<u64> {
-        if self.marked.load(Ordering::SeqCst) == 0 {
-            return None;
-        }
-        let inner = self.inner.lock();
-        (inner.newest_marked_seq > inner.durable_seq).then_some(inner.newest_marked_seq)
+        let newest = self.newest_marked.load(Ordering::SeqCst);
+        (newest > self.newest_durable.load(Ordering::SeqCst)).then_some(newest)
     }
 
     /// Blocks until batch `seq` is durable.
     pub(crate) fn wait(&self, seq: u64) -> Result<(), Error> {
-        crate::writer::refuse_reentry()?;
+        crate::reentry::refuse_reentry()?;
         let mut inner = self.inner.lock();
         loop {
             if inner.durable_seq >= seq {

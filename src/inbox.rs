@@ -12,9 +12,9 @@ use std::time::Duration;
 use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError, InputError};
 use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::reentry::refuse_reentry;
 use crate::scope::{Key, Scope};
 use crate::tx::Tx;
-use crate::writer::refuse_reentry;
 
 /// What [`IdemDb::consume`] did with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,13 +34,15 @@ fn kind(op: &WriteOp) -> &'static str {
 pub(crate) fn write_span(op: &WriteOp) -> Span {
     #[cfg(feature = "tracing")]
     {
-        let key = op.key();
-        tracing::debug_span!(
-            "idemdb.write",
-            kind = kind(op),
-            operation = %Part::Operation(key),
-            principal = %Part::Principal(key)
-        )
+        match op.key() {
+            Some(key) => tracing::debug_span!(
+                "idemdb.write",
+                kind = kind(op),
+                operation = %Part::Operation(key),
+                principal = %Part::Principal(key)
+            ),
+            None => tracing::debug_span!("idemdb.write", kind = kind(op)),
+        }
     }
     #[cfg(not(feature = "tracing"))]
     {

@@ -120,17 +120,17 @@ impl IdemDb {
     ) -> Result<Option<Replay>, Error> {
         let span = snapshot_span(key);
         let _span = span.enter();
-        let now = self.clock.now_ms();
-        let existing = self.writer.snapshots.find(key, now)?.live;
+        let now = self.engine.clock.now_ms();
+        let existing = self.engine.snapshots.find(key, now)?.live;
         match decide(existing, fingerprint, now) {
-            Decision::Replay(r) if self.writer.durability.pending_for(key).is_none() => Ok(Some(r)),
+            Decision::Replay(r) if self.engine.durability.pending_for(key).is_none() => Ok(Some(r)),
             _ => Ok(None),
         }
     }
 
     /// Refuses a reservation issued by another database before anything is queued.
     fn check_issuer(&self, res: &Reservation) -> Result<(), Error> {
-        if res.database_id != self.writer.database_id {
+        if res.database_id != self.engine.database_id {
             return Err(Error::ForeignReservation);
         }
         Ok(())
@@ -225,7 +225,7 @@ impl IdemDb {
         &self,
         result: Result<ReserveOutcome, Error>,
     ) -> Result<ReserveOutcome, Error> {
-        let stats = &self.writer.stats;
+        let stats = &self.engine.stats;
         match &result {
             Ok(ReserveOutcome::Acquired(r)) => {
                 stats.add(Counter::Acquired);
@@ -246,7 +246,7 @@ impl IdemDb {
         &self,
         result: Result<ExecuteOutcome, ExecuteError<E>>,
     ) -> Result<ExecuteOutcome, ExecuteError<E>> {
-        let stats = &self.writer.stats;
+        let stats = &self.engine.stats;
         match &result {
             Ok(ExecuteOutcome::Executed(_)) => {
                 stats.add(Counter::Acquired);
@@ -270,8 +270,8 @@ impl IdemDb {
         fenced: impl Fn(&T) -> bool,
     ) -> Result<(), T> {
         match &result {
-            Ok(()) => done.into_iter().for_each(|c| self.writer.stats.add(c)),
-            Err(e) if fenced(e) => self.writer.stats.add(Counter::Fenced),
+            Ok(()) => done.into_iter().for_each(|c| self.engine.stats.add(c)),
+            Err(e) if fenced(e) => self.engine.stats.add(Counter::Fenced),
             Err(_) => {}
         }
         result
@@ -297,7 +297,6 @@ where
     let body =
         move |tx: &mut Tx<'_>| body(tx).map(|v| Box::new(v) as Box<dyn std::any::Any + Send>);
     let op = WriteOp::Run {
-        key: RecordKey::none(),
         body: Box::new(body),
     };
     (op, error)

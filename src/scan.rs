@@ -199,7 +199,7 @@ impl IdemDb {
         let txn = self.begin_read()?;
         let mut run = Run {
             filter,
-            now: self.clock.now_ms(),
+            now: self.engine.clock.now_ms(),
             summary: ScanSummary::default(),
             progress: &mut progress,
             visit: &mut visit,

@@ -165,11 +165,6 @@ impl RecordKey {
         Ok(RecordKey(out.into()))
     }
 
-    /// The empty key of an op that has no record (`run`).
-    pub(crate) fn none() -> Self {
-        RecordKey(Box::new([]))
-    }
-
     pub(crate) fn from_stored(bytes: &[u8]) -> Self {
         RecordKey(bytes.into())
     }

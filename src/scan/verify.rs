@@ -99,7 +99,7 @@ impl IdemDb {
         let mut check = Check {
             report: VerifyReport::default(),
             max_problems,
-            now: self.clock.now_ms(),
+            now: self.engine.clock.now_ms(),
             next_token: None,
             read: 0,
             progress: &mut progress,

@@ -565,7 +565,7 @@ pub fn check_recovered(
             }
         }
     }
-    let probe = Key::new(format!("probe-{}", db.clock.now_ms()));
+    let probe = Key::new(format!("probe-{}", db.engine.clock.now_ms()));
     match db.reserve(&scope(), &probe, b"probe", LONG_LEASE) {
         Ok(ReserveOutcome::Acquired(r)) if r.token().get() > max_token => Ok(summary),
         Ok(ReserveOutcome::Acquired(r)) => Err(format!(

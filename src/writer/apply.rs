@@ -247,7 +247,11 @@ fn try_apply(
         }
         other => other,
     };
-    let key = op.key().clone();
+    let Some(key) = op.key().cloned() else {
+        return Err(Stop::Answer(Error::Internal(
+            "a run op on the record path".into(),
+        )));
+    };
     let hash = records.layout.index.hash(key.as_bytes());
     // A stored record that fails validation is this op's problem alone; a failed read leaves
     // the transaction suspect.

@@ -17,47 +17,25 @@ mod queue;
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, Durability, WriteTransaction};
+use redb::{Durability, WriteTransaction};
 
-use crate::clock::Clock;
-use crate::config::{Limits, WriterConfig};
-use crate::durability::DurabilityTracker;
+use crate::config::WriterConfig;
+use crate::engine::Engine;
 use crate::error::Error;
-use crate::locate::Layout;
 use crate::meta::{META, NEXT_TOKEN_KEY};
+use crate::reentry::Committing;
 use crate::scope::RecordKey;
-use crate::snapshot::Snapshots;
-use crate::stats::{Counter, StatsCollector};
-use crate::wait::WaitRegistry;
+use crate::stats::Counter;
 
 use apply::{Applied, Ctx, Records, apply};
 use op::{OpOutput, WriteOp};
 use queue::{Job, Queue};
 
-thread_local! {
-    /// Set while this thread commits a batch: a closure in it must not wait for the writer.
-    static COMMITTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Refuses a blocking call from inside a commit, which would wait for itself.
-pub(crate) fn refuse_reentry() -> Result<(), Error> {
-    if COMMITTING.with(|c| c.get()) {
-        return Err(Error::Reentrant);
-    }
-    Ok(())
-}
-
+/// The queue, the leader state and the commits: everything that writes goes through here.
 pub(crate) struct Writer {
-    pub(crate) db: Arc<Database>,
-    /// Stamped on every reservation issued; owner calls presenting another are refused.
-    pub(crate) database_id: u64,
-    /// Serialises compaction passes (the background one and `compact_now`).
-    pub(crate) compaction: Mutex<()>,
-    clock: Arc<dyn Clock>,
-    limits: Limits,
+    pub(crate) engine: Arc<Engine>,
     config: WriterConfig,
     queue: Mutex<Queue>,
     /// Wakes the committer thread (with `queue`'s lock) to lead for async callers.
@@ -66,15 +44,6 @@ pub(crate) struct Writer {
     room: Condvar,
     /// Held by the leader for the whole batch.
     leader: Mutex<LeaderState>,
-    /// Set when a commit failed: writes are refused until reopen.
-    poisoned: AtomicBool,
-    /// Why, when it was not a failed commit (a background thread panicked).
-    poison_reason: Mutex<Option<String>>,
-    pub(crate) layout: Arc<Layout>,
-    pub(crate) durability: Arc<DurabilityTracker>,
-    pub(crate) snapshots: Snapshots,
-    pub(crate) stats: StatsCollector,
-    pub(crate) waits: Arc<WaitRegistry>,
 }
 
 /// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
@@ -101,20 +70,9 @@ struct LeaderState {
 }
 
 impl Writer {
-    pub(crate) fn new(
-        db: Arc<Database>,
-        clock: Arc<dyn Clock>,
-        limits: Limits,
-        config: WriterConfig,
-        next_token: u64,
-        database_id: u64,
-        layout: Arc<Layout>,
-    ) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, config: WriterConfig, next_token: u64) -> Self {
         Writer {
-            database_id,
-            compaction: Mutex::new(()),
-            clock,
-            limits,
+            engine,
             config,
             queue: Mutex::new(Queue::default()),
             committer: Condvar::new(),
@@ -124,42 +82,7 @@ impl Writer {
                 token_ceiling: next_token,
                 batch_seq: 0,
             }),
-            poisoned: AtomicBool::new(false),
-            poison_reason: Mutex::new(None),
-            durability: Arc::default(),
-            snapshots: Snapshots::new(Arc::clone(&db), Arc::clone(&layout)),
-            layout,
-            stats: StatsCollector::default(),
-            db,
-            waits: Arc::default(),
         }
-    }
-
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    pub(crate) fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-        self.durability.failed();
-    }
-
-    /// Refuses all writes from now on with [`Error::Poisoned`] and `reason`.
-    pub(crate) fn poison_with(&self, reason: String) {
-        self.poison_reason.lock().get_or_insert(reason);
-        self.poison();
-    }
-
-    /// The error a write gets once the writer is poisoned.
-    pub(crate) fn refusal(&self) -> Error {
-        match &*self.poison_reason.lock() {
-            Some(why) => Error::Poisoned(why.clone()),
-            None => Error::WritesRefused,
-        }
-    }
-
-    pub(crate) fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::SeqCst)
     }
 
     /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
@@ -171,18 +94,19 @@ impl Writer {
         f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
         publish: impl FnOnce(&T),
     ) -> Result<T, Error> {
+        let engine = &*self.engine;
         let _leader = self.leader.lock();
-        if self.is_poisoned() {
-            return Err(self.refusal());
+        if engine.is_poisoned() {
+            return Err(engine.refusal());
         }
         let fail = |e: Error| {
-            self.poison();
+            engine.poison();
             match e {
                 Error::Storage(s) => Error::OutcomeUnknown(s),
                 other => other,
             }
         };
-        let mut txn = self.db.begin_write().map_err(|e| fail(e.into()))?;
+        let mut txn = engine.db.begin_write().map_err(|e| fail(e.into()))?;
         txn.set_quick_repair(self.config.quick_repair);
         let out = match f(&txn) {
             Ok(out) => out,
@@ -197,23 +121,17 @@ impl Writer {
         };
         txn.commit().map_err(|e| fail(e.into()))?;
         publish(&out);
-        self.snapshots.refresh();
+        engine.snapshots.refresh();
         Ok(out)
     }
 
     fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
-        struct Committing;
-        impl Drop for Committing {
-            fn drop(&mut self) {
-                COMMITTING.with(|c| c.set(false));
-            }
-        }
-        COMMITTING.with(|c| c.set(true));
-        let _committing = Committing;
+        let _committing = Committing::start();
+        let engine = &*self.engine;
         let n = batch.len();
         let started = std::time::Instant::now();
-        if self.is_poisoned() {
-            return (0..n).map(|_| Err(self.refusal())).collect();
+        if engine.is_poisoned() {
+            return (0..n).map(|_| Err(engine.refusal())).collect();
         }
         let mut leader = self.leader.lock();
         leader.batch_seq += 1;
@@ -223,9 +141,9 @@ impl Writer {
             token_ceiling,
             ..
         } = &mut *leader;
-        let now_ms = self.clock.now_ms();
-        self.layout.note_write_time(now_ms);
-        let keys: Vec<RecordKey> = batch.iter().map(|j| j.op.key().clone()).collect();
+        let now_ms = engine.clock.now_ms();
+        engine.layout.note_write_time(now_ms);
+        let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
         let segments = segments(&batch);
         let mut ops = batch.into_iter().map(|j| j.op);
         let mut results: Vec<Result<OpOutput, Error>> = Vec::with_capacity(n);
@@ -239,9 +157,9 @@ impl Writer {
             let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
             let mut ctx = Ctx {
                 now_ms,
-                database_id: self.database_id,
+                database_id: engine.database_id,
                 next_token,
-                limits: &self.limits,
+                limits: &engine.limits,
             };
             let segment = self.apply_segment(seg_ops, durable, &mut ctx, *token_ceiling);
             let Segment {
@@ -262,14 +180,17 @@ impl Writer {
             let step = match &rollback {
                 None if wrote => {
                     if !durable {
-                        self.durability.mark(keys[range.clone()].iter(), seq);
+                        // A `run` has no key; the mark still holds back `begin_read`.
+                        engine
+                            .durability
+                            .mark(keys[range.clone()].iter().flatten(), seq);
                     }
                     txn.commit().map_err(Error::from)
                 }
                 _ => txn.abort().map_err(Error::from).and_then(|()| {
                     if durable && uncovered {
                         // Earlier non-durable commits still need a durable one to cover them.
-                        let mut cover = self.db.begin_write()?;
+                        let mut cover = engine.db.begin_write()?;
                         cover.set_quick_repair(self.config.quick_repair);
                         cover.commit()?;
                     }
@@ -286,20 +207,20 @@ impl Writer {
                 if let Some(c) = ceiling {
                     *token_ceiling = c;
                 }
-                self.stats.add_n(Counter::ClockBehind, created.1);
+                engine.stats.add_n(Counter::ClockBehind, created.1);
             } else {
                 for id in created.0 {
-                    self.layout.partitions.remove(id);
+                    engine.layout.partitions.remove(id);
                 }
             }
             uncovered |= !durable && rollback.is_none() && wrote;
             committed |= rollback.is_none() && wrote;
             for a in applied {
                 if a.beyond_horizon && rollback.is_none() {
-                    self.stats.add(Counter::BeyondHorizon);
+                    engine.stats.add(Counter::BeyondHorizon);
                 }
                 if a.execute_takeover && rollback.is_none() {
-                    self.stats.add(Counter::Takeovers);
+                    engine.stats.add(Counter::Takeovers);
                 }
                 changed.push(a.changed && rollback.is_none());
                 results.push(match &rollback {
@@ -311,15 +232,15 @@ impl Writer {
         }
         if committed {
             // Before anyone is answered or woken: see snapshot.rs.
-            self.snapshots.refresh();
-            self.stats.record_batch(n, started.elapsed());
+            engine.snapshots.refresh();
+            engine.stats.record_batch(n, started.elapsed());
         }
-        self.durability.durable(seq);
-        self.waits.notify(
+        engine.durability.durable(seq);
+        engine.waits.notify(
             keys.iter()
                 .zip(&changed)
                 .filter(|(_, c)| **c)
-                .map(|(k, _)| k),
+                .filter_map(|(k, _)| k.as_ref()),
         );
         results
     }
@@ -332,7 +253,7 @@ impl Writer {
         ctx: &mut Ctx<'_>,
         token_ceiling: u64,
     ) -> Result<Segment, Error> {
-        let mut txn = self.db.begin_write()?;
+        let mut txn = self.engine.db.begin_write()?;
         if !durable {
             txn.set_durability(Durability::None)?;
         } else if self.config.quick_repair {
@@ -340,7 +261,7 @@ impl Writer {
         }
         let mut applied = Vec::with_capacity(ops.len());
         let created = {
-            let mut records = Records::open(&txn, &self.layout)?;
+            let mut records = Records::open(&txn, &self.engine.layout)?;
             for op in ops {
                 applied.push(apply(op, &txn, &mut records, ctx));
             }
@@ -367,7 +288,7 @@ impl Writer {
     /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
     /// what the batch did is durable. Writes are refused from now on.
     fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
-        self.poison();
+        self.engine.poison();
         let source = match e {
             Error::Storage(s) | Error::OutcomeUnknown(s) => s,
             other => Arc::new(redb::Error::Corrupted(other.to_string())),

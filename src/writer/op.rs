@@ -48,22 +48,22 @@ pub(crate) enum WriteOp {
         fingerprint: Fingerprint,
         body: ExecuteFn,
     },
-    /// Caller writes with no dedupe record (version-guarded writes); `key` is empty.
+    /// Caller writes with no dedupe record (version-guarded writes).
     Run {
-        key: RecordKey,
         body: RunFn,
     },
 }
 
 impl WriteOp {
-    pub(crate) fn key(&self) -> &RecordKey {
+    /// The record the op acts on; `None` for a `run`, which has none.
+    pub(crate) fn key(&self) -> Option<&RecordKey> {
         match self {
             WriteOp::Reserve { key, .. }
             | WriteOp::Finish { key, .. }
             | WriteOp::Release { key, .. }
             | WriteOp::Extend { key, .. }
-            | WriteOp::Execute { key, .. }
-            | WriteOp::Run { key, .. } => key,
+            | WriteOp::Execute { key, .. } => Some(key),
+            WriteOp::Run { .. } => None,
         }
     }
 

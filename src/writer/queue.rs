@@ -11,7 +11,6 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
@@ -133,7 +132,7 @@ impl Writer {
     /// Queues `op`, waits until a durable commit covers it, and returns its answer. The caller
     /// may lead the commit on its own thread.
     pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
-        super::refuse_reentry()?;
+        crate::reentry::refuse_reentry()?;
         let span = write_span(&op);
         let _span = span.enter();
         let slot = Slot::new(false);
@@ -192,12 +191,12 @@ impl Writer {
     }
 
     fn refusing(&self, queue: &Queue) -> bool {
-        queue.shutdown || self.poisoned.load(Ordering::SeqCst)
+        queue.shutdown || self.engine.is_poisoned()
     }
 
     fn check_open(&self, queue: &Queue) -> Result<(), Error> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(self.refusal());
+        if self.engine.is_poisoned() {
+            return Err(self.engine.refusal());
         }
         if queue.shutdown {
             return Err(Error::Closed);
@@ -221,7 +220,7 @@ impl Writer {
             Ok(results) => results,
             Err(_) => {
                 // A bug in the engine or in redb: the file's state is unknown to us.
-                self.poison();
+                self.engine.poison();
                 let e = Error::Poisoned("the writer panicked during a commit".into());
                 slots.iter().map(|_| Err(e.clone())).collect()
             }

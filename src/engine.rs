@@ -1,0 +1,86 @@
+//! The engine's shared state: the database with its clock and limits, the retention layout,
+//! the read snapshots, the durability tracker, the counters, the waiters, and whether writes
+//! are refused. The writer commits into it; the read path and the compactor use it directly.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use redb::Database;
+
+use crate::clock::Clock;
+use crate::config::Limits;
+use crate::durability::DurabilityTracker;
+use crate::error::Error;
+use crate::locate::Layout;
+use crate::snapshot::Snapshots;
+use crate::stats::StatsCollector;
+use crate::wait::WaitRegistry;
+
+pub(crate) struct Engine {
+    pub(crate) db: Arc<Database>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) limits: Limits,
+    /// Stamped on every reservation issued; owner calls presenting another are refused.
+    pub(crate) database_id: u64,
+    pub(crate) layout: Arc<Layout>,
+    pub(crate) snapshots: Snapshots,
+    pub(crate) durability: DurabilityTracker,
+    pub(crate) stats: StatsCollector,
+    pub(crate) waits: WaitRegistry,
+    /// Serialises compaction passes (the background one and `compact_now`).
+    pub(crate) compaction: Mutex<()>,
+    /// Set when a commit failed or an engine thread panicked: writes are refused until reopen.
+    poisoned: AtomicBool,
+    /// Why, when it was not a failed commit.
+    poison_reason: Mutex<Option<String>>,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        db: Arc<Database>,
+        clock: Arc<dyn Clock>,
+        limits: Limits,
+        database_id: u64,
+        layout: Arc<Layout>,
+    ) -> Engine {
+        Engine {
+            snapshots: Snapshots::new(Arc::clone(&db), Arc::clone(&layout)),
+            db,
+            clock,
+            limits,
+            database_id,
+            layout,
+            durability: DurabilityTracker::default(),
+            stats: StatsCollector::default(),
+            waits: WaitRegistry::default(),
+            compaction: Mutex::new(()),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(None),
+        }
+    }
+
+    /// Refuses writes from now on (a failed commit): they get [`Error::WritesRefused`].
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.durability.failed();
+    }
+
+    /// Refuses all writes from now on with [`Error::Poisoned`] and `reason`.
+    pub(crate) fn poison_with(&self, reason: String) {
+        self.poison_reason.lock().get_or_insert(reason);
+        self.poison();
+    }
+
+    /// The error a write gets once the engine is poisoned.
+    pub(crate) fn refusal(&self) -> Error {
+        match &*self.poison_reason.lock() {
+            Some(why) => Error::Poisoned(why.clone()),
+            None => Error::WritesRefused,
+        }
+    }
+
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst)
+    }
+}
