@@ -3,7 +3,6 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
@@ -12,24 +11,16 @@ use crate::clock::Clock;
 use crate::compactor::{CompactionReport, Compactor, compact};
 use crate::config::{Limits, WriterConfig};
 use crate::engine::Engine;
-use crate::error::{Error, ExecuteError};
-use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
+use crate::error::Error;
+use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::locate::Layout;
 use crate::meta::{self, INFLIGHT};
-use crate::ops::{
-    Prepared, done_answer, execute_answer, extend_answer, finish_with_answer, is_fenced,
-    is_fenced_db, prepare_run, reserve_answer, run_answer,
-};
-use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-use crate::record::{Record, RecordState};
+use crate::record::Record;
 use crate::reentry::refuse_reentry;
 use crate::retention::Retention;
 use crate::scope::{Key, RecordKey, Scope};
-use crate::stats::Counter;
 use crate::stats::Stats;
 use crate::timer::Timer;
-use crate::token::Reservation;
-use crate::tx::Tx;
 use crate::writer::Writer;
 
 /// An idempotency store in one redb file.
@@ -270,210 +261,6 @@ impl IdemDb {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.engine.limits
-    }
-
-    /// Reserves the intent `key` in `scope` for the request `payload`, atomically.
-    ///
-    /// Returns exactly one [`ReserveOutcome`]; see docs/semantics.md for the full table. On
-    /// `Acquired` the IN_PROGRESS record is durable and leased for `lease`; the caller runs
-    /// the work and then calls [`complete`](Self::complete), [`fail`](Self::fail) or
-    /// [`release`](Self::release). Replays and in-progress answers come from a snapshot
-    /// without waiting for the writer.
-    pub fn reserve<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-    ) -> Result<ReserveOutcome, Error> {
-        let outcome = match self.prepare_reserve(scope, key, payload.into(), lease)? {
-            Prepared::Answer(outcome) => Ok(outcome),
-            Prepared::Submit(op) => self.writer.submit(op).and_then(reserve_answer),
-        };
-        self.counted_reserve(outcome)
-    }
-
-    /// Like [`reserve`](Self::reserve), but a duplicate that finds the intent IN_PROGRESS waits,
-    /// in this process, until the owner completes, fails or releases it (it is woken by the
-    /// owner's commit, not by polling), or until its lease runs out and it may take over, or
-    /// until `timeout` passes, when it returns `InProgress`.
-    ///
-    /// The timeout is measured in real time; lease expiry by the database's clock.
-    pub fn reserve_or_wait<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-        timeout: Duration,
-    ) -> Result<ReserveOutcome, Error> {
-        let wait = self.prepare_wait(scope, key, payload.into(), lease, timeout)?;
-        let waiter = self.engine.waits.register(&wait.key);
-        loop {
-            let seen = waiter.generation();
-            let outcome = match self.prepare_attempt(&wait)? {
-                Prepared::Answer(outcome) => outcome,
-                Prepared::Submit(op) => reserve_answer(self.writer.submit(op)?)?,
-            };
-            let Some(until) = wait.next_look(&outcome) else {
-                return self.counted_reserve(Ok(outcome));
-            };
-            waiter.wait_past(seen, until);
-        }
-    }
-
-    /// Finishes the reservation with success: the record becomes COMPLETED and `response` is
-    /// replayed, byte for byte, to every duplicate.
-    ///
-    /// Refused with [`Error::Fenced`] if the reservation was taken over,
-    /// [`Error::UnknownRecord`] if it was released or expired, [`Error::NotInProgress`] if it was already
-    /// finished; nothing changes then.
-    pub fn complete(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-    ) -> Result<(), Error> {
-        let op = self.prepare_finish(reservation, RecordState::Completed, response.into())?;
-        let done = self.writer.submit(op).and_then(done_answer);
-        self.counted_owner(done, Some(Counter::Finished), is_fenced)
-    }
-
-    /// Finishes the reservation with a deterministic failure (a declined card): the record
-    /// becomes FAILED and `response` is replayed to every duplicate, which never re-executes.
-    /// Refused as [`complete`](Self::complete) is.
-    pub fn fail(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-    ) -> Result<(), Error> {
-        let op = self.prepare_finish(reservation, RecordState::Failed, response.into())?;
-        let done = self.writer.submit(op).and_then(done_answer);
-        self.counted_owner(done, Some(Counter::Finished), is_fenced)
-    }
-
-    /// Gives the intent up after a transient failure: the record is removed, so the next retry
-    /// executes. Refused as [`complete`](Self::complete) is.
-    pub fn release(&self, reservation: &Reservation) -> Result<(), Error> {
-        let done = self
-            .prepare_release(reservation)
-            .and_then(|op| self.writer.submit(op))
-            .and_then(done_answer);
-        self.counted_owner(done, Some(Counter::Releases), is_fenced)
-    }
-
-    /// Renews the lease for long work: it now runs out `lease` from now. Updates
-    /// `reservation`'s expiry. Refused as [`complete`](Self::complete) is; an owner whose lease
-    /// ran out but who was not taken over may still extend, until the record expires (a TTL
-    /// after the lease's end).
-    pub fn extend(&self, reservation: &mut Reservation, lease: Duration) -> Result<(), Error> {
-        let op = self.prepare_extend(reservation, lease)?;
-        let done = self
-            .writer
-            .submit(op)
-            .and_then(|out| extend_answer(out, reservation));
-        self.counted_owner(done, None, is_fenced)
-    }
-
-    /// The two-step flow's second step: runs `business` and marks the record COMPLETED with
-    /// `response`, in one commit. If `business` returns `Err`, nothing it wrote commits and the
-    /// record stays IN_PROGRESS (retry, or release). Refused, without running `business`, as
-    /// [`complete`](Self::complete) is.
-    ///
-    /// The closure may run on another caller's thread (the one leading the group commit), so it
-    /// must be `Send + 'static`: move what it needs into it. It runs inside the commit: it must
-    /// not call this database (such a call fails with [`Error::Reentrant`]); write through the
-    /// [`Tx`]. A panic in it is resumed on the calling thread, after its writes were rolled
-    /// back.
-    pub fn complete_with<F, E>(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-        business: F,
-    ) -> Result<(), ExecuteError<E>>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
-        E: Send + 'static,
-    {
-        let (op, error) = self.prepare_finish_with(
-            reservation,
-            RecordState::Completed,
-            response.into(),
-            business,
-        )?;
-        self.counted_owner(
-            finish_with_answer(self.writer.submit(op), &error),
-            Some(Counter::Finished),
-            is_fenced_db,
-        )
-    }
-
-    /// As [`complete_with`](Self::complete_with), but the record becomes FAILED: a
-    /// deterministic failure recorded together with the business writes that go with it.
-    pub fn fail_with<F, E>(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-        business: F,
-    ) -> Result<(), ExecuteError<E>>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
-        E: Send + 'static,
-    {
-        let (op, error) =
-            self.prepare_finish_with(reservation, RecordState::Failed, response.into(), business)?;
-        self.counted_owner(
-            finish_with_answer(self.writer.submit(op), &error),
-            Some(Counter::Finished),
-            is_fenced_db,
-        )
-    }
-
-    /// The one-shot flow: reserves, runs `body` and records its [`Outcome`], all in one write
-    /// transaction and one commit, so the record and `body`'s own writes are durable together
-    /// or not at all.
-    ///
-    /// A duplicate gets the stored outcome (or `Mismatch`, or `InProgress` if a two-step owner
-    /// holds the key) and `body` does not run. If `body` returns `Err`, nothing is committed
-    /// and the error is returned: the next retry runs it again. `body` must be `Send +
-    /// 'static` and must not call this database, as for [`complete_with`](Self::complete_with).
-    ///
-    /// `body` should be pure database work: if it also calls an outside system, that call is
-    /// not undone when the transaction rolls back (a closure error, a response over
-    /// [`Limits::max_response_len`], a failed commit). Use the two-step flow for outside side
-    /// effects.
-    pub fn execute<'p, F, E>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        body: F,
-    ) -> Result<ExecuteOutcome, ExecuteError<E>>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static,
-        E: Send + 'static,
-    {
-        match self.prepare_execute(scope, key, payload.into(), body)? {
-            (Prepared::Answer(outcome), _) => self.counted_execute(Ok(outcome)),
-            (Prepared::Submit(op), error) => {
-                self.counted_execute(execute_answer(self.writer.submit(op), &error))
-            }
-        }
-    }
-
-    /// Runs `body` in a write transaction of its own with no dedupe record, and commits it
-    /// durably (group-committed with other callers' writes). For writes that are idempotent
-    /// by construction: the version guards on [`Tx`] ([`Tx::apply_if_newer`],
-    /// [`Tx::compare_and_set`], [`Tx::upsert`]). If `body` returns `Err`, nothing it wrote
-    /// commits. `body` must be `Send + 'static` and must not call this database, as for
-    /// [`complete_with`](Self::complete_with).
-    pub fn run<T, E, F>(&self, body: F) -> Result<T, ExecuteError<E>>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: Send + 'static,
-    {
-        let (op, error) = prepare_run(body);
-        run_answer(self.writer.submit(op), &error)
     }
 
     /// A read-only view of the record for `key` in `scope`, for operators and tests. Waits if

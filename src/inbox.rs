@@ -3,10 +3,6 @@
 //! the dedupe record; a redelivery is a `Duplicate` and does not run it; a handler error
 //! commits nothing, so the redelivery runs it again.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use crate::db::IdemDb;
@@ -127,54 +123,37 @@ impl IdemDb {
         E: Send + 'static,
     {
         refuse_reentry()?;
-        let (scoped, handlers): (Vec<(Scope, Key)>, Vec<F>) = messages
+        let calls = messages
             .into_iter()
-            .map(|(id, handler)| (names(consumer, id.as_ref()), handler))
-            .unzip();
-        let mut pending: Vec<Pin<Box<dyn Future<Output = _> + Send + '_>>> = scoped
-            .iter()
-            .zip(handlers)
-            .map(|((scope, key), handler)| {
-                Box::pin(self.execute_async(scope, key, INBOX_PAYLOAD, body(handler)))
-                    as Pin<Box<dyn Future<Output = Result<ExecuteOutcome, ExecuteError<E>>> + Send>>
+            .map(|(id, handler)| {
+                let (scope, key) = names(consumer, id.as_ref());
+                self.prepare_execute(&scope, &key, INBOX_PAYLOAD.into(), body(handler))
             })
             .collect();
-        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-        let mut cx = Context::from_waker(&waker);
-        // One poll each queues every op before the first commit is waited for.
-        let mut done: Vec<Option<Result<ExecuteOutcome, ExecuteError<E>>>> = pending
-            .iter_mut()
-            .map(|f| match f.as_mut().poll(&mut cx) {
-                Poll::Ready(out) => Some(out),
-                Poll::Pending => None,
-            })
-            .collect();
-        for (slot, future) in done.iter_mut().zip(pending.iter_mut()) {
-            while slot.is_none() {
-                match future.as_mut().poll(&mut cx) {
-                    Poll::Ready(out) => *slot = Some(out),
-                    Poll::Pending => std::thread::park(),
-                }
-            }
-        }
-        Ok(done
+        // Queued together before any is waited for, so that they share the commit.
+        Ok(self
+            .call_many(calls)
             .into_iter()
-            .map(|out| match out {
-                Some(Ok(outcome)) => consumed(consumer, outcome).map_err(ExecuteError::Db),
-                Some(Err(e)) => Err(e),
-                None => Err(ExecuteError::Db(Error::Internal(
-                    "a message was never answered".into(),
-                ))),
-            })
+            .map(|out| consumed(consumer, out?).map_err(ExecuteError::Db))
             .collect())
     }
-}
 
-/// Wakes the thread that waits in `consume_batch`.
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
+    /// [`consume`](Self::consume), awaiting the commit. The handler runs on the committing
+    /// thread, not in the task.
+    pub async fn consume_async<F, E>(
+        &self,
+        consumer: &str,
+        message_id: impl AsRef<[u8]>,
+        handler: F,
+    ) -> Result<Consumed, ExecuteError<E>>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let (scope, key) = names(consumer, message_id.as_ref());
+        let outcome = self
+            .execute_async(&scope, &key, INBOX_PAYLOAD, body(handler))
+            .await?;
+        Ok(consumed(consumer, outcome)?)
     }
 }

@@ -25,7 +25,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod async_api;
 mod builder;
 mod clock;
 mod compactor;

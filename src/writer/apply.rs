@@ -241,7 +241,7 @@ fn try_apply(
         WriteOp::Run { body, .. } => {
             let mut tx = Tx::new(txn, now, false);
             return Ok(match run_closure(|| body(&mut tx)) {
-                Ok(value) => Applied::changed(OpOutput::Ran(value)),
+                Ok(()) => Applied::changed(OpOutput::Ran),
                 Err(failed) => Applied::aborted(Ok(failed)),
             });
         }

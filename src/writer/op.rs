@@ -16,9 +16,8 @@ pub(crate) struct ClosureFailed;
 pub(crate) type ExecuteFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Outcome, ClosureFailed> + Send>;
 /// The business writes of a `complete_with` / `fail_with`.
 pub(crate) type BusinessFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<(), ClosureFailed> + Send>;
-/// The writes of a `run`, with no record; its value goes back to the caller.
-pub(crate) type RunFn =
-    Box<dyn FnOnce(&mut Tx<'_>) -> Result<Box<dyn Any + Send>, ClosureFailed> + Send>;
+/// The writes of a `run`, with no record; its value goes back to the caller aside.
+pub(crate) type RunFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<(), ClosureFailed> + Send>;
 
 /// One write, as queued by a caller.
 pub(crate) enum WriteOp {
@@ -91,8 +90,8 @@ pub(crate) enum OpOutput {
         lease_expires_at: u64,
     },
     Executed(ExecuteOutcome),
-    /// A `run` closure's value.
-    Ran(Box<dyn Any + Send>),
+    /// A `run` closure succeeded (its value went to the caller aside).
+    Ran,
     /// The caller's closure returned `Err`: nothing of this op committed.
     ClosureFailed,
     /// The caller's closure panicked: nothing of this op committed; the caller resumes the
@@ -107,7 +106,7 @@ impl std::fmt::Debug for OpOutput {
             OpOutput::Done => write!(f, "Done"),
             OpOutput::Extended { lease_expires_at } => write!(f, "Extended({lease_expires_at})"),
             OpOutput::Executed(o) => write!(f, "Executed({o:?})"),
-            OpOutput::Ran(_) => write!(f, "Ran"),
+            OpOutput::Ran => write!(f, "Ran"),
             OpOutput::ClosureFailed => write!(f, "ClosureFailed"),
             OpOutput::ClosurePanicked(_) => write!(f, "ClosurePanicked"),
         }

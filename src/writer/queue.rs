@@ -136,7 +136,7 @@ impl Writer {
         let span = write_span(&op);
         let _span = span.enter();
         let slot = Slot::new(false);
-        let mut lead = {
+        let lead = {
             let mut queue = self.queue.lock();
             while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
                 self.room.wait(&mut queue);
@@ -148,6 +148,45 @@ impl Writer {
             });
             !std::mem::replace(&mut queue.leader_active, true)
         };
+        self.wait_for(&slot, lead)
+    }
+
+    /// Queues `ops` together, in order, so that they share commits, and waits for all of
+    /// their answers (in the same order). Waits for room for the first op only: the caller
+    /// bounds how many it queues at once (`consume_batch`'s poll).
+    pub(crate) fn submit_many(&self, ops: Vec<WriteOp>) -> Vec<Result<OpOutput, Error>> {
+        if let Err(e) = crate::reentry::refuse_reentry() {
+            return ops.iter().map(|_| Err(e.clone())).collect();
+        }
+        let slots: Vec<Arc<Slot>> = ops.iter().map(|_| Slot::new(false)).collect();
+        let lead = {
+            let mut queue = self.queue.lock();
+            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
+                self.room.wait(&mut queue);
+            }
+            if let Err(e) = self.check_open(&queue) {
+                return ops.iter().map(|_| Err(e.clone())).collect();
+            }
+            for (op, slot) in ops.into_iter().zip(&slots) {
+                queue.jobs.push_back(Job {
+                    op,
+                    slot: Arc::clone(slot),
+                });
+            }
+            !std::mem::replace(&mut queue.leader_active, true)
+        };
+        // Answered in queue order: leadership is only ever handed to the first op still
+        // waiting, which is the one waited for here.
+        slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| self.wait_for(slot, lead && i == 0))
+            .collect()
+    }
+
+    /// Waits for `slot`'s answer, leading a batch first if `lead`, or when leadership is
+    /// handed to it.
+    fn wait_for(&self, slot: &Slot, mut lead: bool) -> Result<OpOutput, Error> {
         loop {
             if lead {
                 self.lead();
