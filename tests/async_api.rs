@@ -1,6 +1,10 @@
 //! The async API on tokio: many concurrent tasks on a current-thread runtime, the same
 //! guarantees as the sync API, and sync and async callers sharing commits.
 
+mod common;
+
+use common::{LEASE, db_path, fresh, fresh_shared, open_on};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -8,18 +12,11 @@ use std::time::Duration;
 use idemdb::redb::TableDefinition;
 use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 
-const LEASE: Duration = Duration::from_secs(30);
 const ROWS: TableDefinition<&str, u64> = TableDefinition::new("rows");
-
-fn open() -> (tempfile::TempDir, Arc<IdemDb>) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
-    (dir, db)
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn many_tasks_one_key_on_a_current_thread_runtime() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("charge", "u1");
     let acquired = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -55,7 +52,7 @@ async fn many_tasks_one_key_on_a_current_thread_runtime() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn many_tasks_distinct_keys_all_commit() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("op", "p");
     let mut tasks = Vec::new();
     for i in 0..500u64 {
@@ -90,10 +87,7 @@ async fn many_tasks_distinct_keys_all_commit() {
 async fn owner_operations_and_fencing_async() {
     let clock = idemdb::ManualClock::new(1_000);
     let dir = tempfile::tempdir().unwrap();
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("db"))
-        .unwrap();
+    let db = open_on(&dir.path().join("db"), &clock);
     let (scope, key) = (Scope::new("op", "p"), Key::new("k"));
     let ReserveOutcome::Acquired(mut old) =
         db.reserve_async(&scope, &key, b"p", LEASE).await.unwrap()
@@ -136,7 +130,7 @@ async fn owner_operations_and_fencing_async() {
 /// Sync threads and async tasks write at once; every op is answered and committed.
 #[test]
 fn sync_and_async_callers_share_the_writer() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("mixed", "p");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -192,9 +186,8 @@ fn sync_and_async_callers_share_the_writer() {
 /// Dropping the database answers queued async ops before the file closes.
 #[test]
 fn drop_drains_the_queue() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db");
-    let db = IdemDb::open(&path).unwrap();
+    let (dir, db) = fresh();
+    let path = db_path(&dir);
     let scope = Scope::new("op", "p");
     // Queue ops whose futures are polled once and then dropped: the ops still commit. (A
     // dropped reservation would be released again: see tests/async_cancellation.rs.)
@@ -234,7 +227,7 @@ fn drop_drains_the_queue() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn async_waiters_are_woken_by_the_owner_commit() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("op", "p");
     let ReserveOutcome::Acquired(r) = db
         .reserve_async(&scope, &Key::new("k"), b"p", LEASE)
@@ -273,7 +266,7 @@ async fn async_waiters_are_woken_by_the_owner_commit() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn an_async_wait_times_out_with_in_progress() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("op", "p");
     let _owner = db
         .reserve_async(&scope, &Key::new("k"), b"p", LEASE)
@@ -298,7 +291,7 @@ async fn an_async_wait_times_out_with_in_progress() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn an_async_waiter_takes_over_when_the_lease_runs_out() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("op", "p");
     let short = Duration::from_millis(200);
     let ReserveOutcome::Acquired(stale) = db

@@ -3,6 +3,10 @@
 //! lease runs out. Covered at both moments: while the commit is running, and after the answer
 //! arrived but before it was read.
 
+mod common;
+
+use common::{fresh_shared, on_backend};
+
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -40,11 +44,7 @@ fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
 #[test]
 fn dropped_while_its_commit_runs() {
     let backend = FaultBackend::new();
-    let db = Arc::new(
-        IdemDb::builder()
-            .open_with_backend(backend.clone())
-            .unwrap(),
-    );
+    let db = Arc::new(on_backend(&backend));
     backend.hold_syncs(true);
     {
         let (scope, key) = (scope(), Key::new("k"));
@@ -62,8 +62,7 @@ fn dropped_while_its_commit_runs() {
 
 #[test]
 fn dropped_after_its_answer_came_but_before_it_was_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let (_dir, db) = fresh_shared();
     {
         let (scope, key) = (scope(), Key::new("k"));
         let mut reserve = pin!(db.reserve_async(&scope, &key, b"x", LEASE));

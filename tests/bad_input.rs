@@ -2,22 +2,19 @@
 
 mod common;
 
-use common::{T0, acquired, format_version};
+use common::{LEASE, T0, acquired, format_version};
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idemdb::redb::{
-    self, MultimapTableDefinition, ReadableDatabase, TableDefinition, TableError, TableHandle,
-};
+use idemdb::redb::{self, MultimapTableDefinition, ReadableDatabase, TableDefinition, TableHandle};
 use idemdb::{
     Error, ExecuteError, IdemDb, InputError, Key, Limits, ManualClock, Outcome, RecordState,
     ReserveOutcome, Scope,
 };
 
-const LEASE: Duration = Duration::from_secs(30);
 const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
 
@@ -35,12 +32,7 @@ fn record_count(db: &IdemDb) -> u64 {
 }
 
 fn order_row(db: &IdemDb, key: &str) -> Option<u64> {
-    let txn = db.begin_read().unwrap();
-    match txn.open_table(ORDERS) {
-        Ok(table) => table.get(key).unwrap().map(|v| v.value()),
-        Err(TableError::TableDoesNotExist(_)) => None,
-        Err(e) => panic!("unexpected table error: {e}"),
-    }
+    common::business_row(db, ORDERS, key)
 }
 
 fn is_empty(e: &Error, want: &str) -> bool {

@@ -4,11 +4,15 @@
 //! must equal applying each event once in version order, and each handler side effect must be
 //! counted exactly once.
 
+mod common;
+
+use common::on_backend;
+
 use std::collections::VecDeque;
 
 use idemdb::redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use idemdb::testing::{FaultBackend, TearMode};
-use idemdb::{Consumed, Error, IdemDb, Tx, Versioned};
+use idemdb::{Consumed, Error, Tx, Versioned};
 
 const ENTITIES: u64 = 1_000;
 const VERSIONS: u64 = 100;
@@ -63,12 +67,6 @@ fn handler(event: Event) -> impl FnOnce(&mut Tx<'_>) -> Result<(), Error> + Send
     }
 }
 
-fn open(backend: &FaultBackend) -> IdemDb {
-    IdemDb::builder()
-        .open_with_backend(backend.clone())
-        .expect("open the backend")
-}
-
 #[test]
 fn final_state_equals_each_event_applied_once_in_version_order() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -90,7 +88,7 @@ fn final_state_equals_each_event_applied_once_in_version_order() {
     let slot = |e: &Event| (e.entity * VERSIONS + e.version - 1) as usize;
 
     let mut backend = FaultBackend::new();
-    let mut db = open(&backend);
+    let mut db = on_backend(&backend);
     let (mut crashes, mut redelivered, mut duplicates, mut polls) = (0u64, 0u64, 0u64, 0u64);
     while !queue.is_empty() {
         polls += 1;
@@ -126,7 +124,7 @@ fn final_state_equals_each_event_applied_once_in_version_order() {
             crashes += 1;
             drop(db);
             backend = FaultBackend::from_image(image);
-            db = open(&backend);
+            db = on_backend(&backend);
             // The broker also redelivers some acknowledged events after a consumer restart.
             for _ in 0..POLL / 5 {
                 let entity = rng.below(ENTITIES);
@@ -138,7 +136,7 @@ fn final_state_equals_each_event_applied_once_in_version_order() {
             drop(db);
             let image = backend.durable_image();
             backend = FaultBackend::from_image(image);
-            db = open(&backend);
+            db = on_backend(&backend);
         }
     }
     assert!(acked.iter().all(|a| *a), "every event acknowledged");

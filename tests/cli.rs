@@ -9,13 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::acquired;
+use common::{LEASE, acquired, first_partition};
 use idemdb::redb::{self, ReadableDatabase, TableDefinition, TableHandle};
 use idemdb::{Clock, IdemDb, Key, ManualClock, Retention, Scope};
 use serde_json::Value;
 use tempfile::TempDir;
-
-const LEASE: Duration = Duration::from_secs(30);
 
 fn idemdb(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idemdb"))
@@ -345,14 +343,10 @@ fn verify_passes_a_healthy_file() {
     assert!(out.contains("OK: no problems found"), "{out}");
 }
 
-fn partition_of(path: &Path) -> String {
-    common::partition_tables(path).into_iter().next().unwrap()
-}
-
 #[test]
 fn verify_catches_a_damaged_record() {
     let (_dir, path) = populated();
-    let part = partition_of(&path);
+    let part = first_partition(&path);
     {
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();

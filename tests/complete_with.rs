@@ -2,50 +2,26 @@
 
 mod common;
 
-use common::{T0, acquired, setup};
+use common::{AppError, LEASE, T0, acquired, setup};
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idemdb::redb::{TableDefinition, TableError};
+use idemdb::redb::TableDefinition;
 use idemdb::{
     Error, ExecuteError, IdemDb, InputError, Key, RecordState, ReserveOutcome, Scope, Tx,
 };
 
-const LEASE: Duration = Duration::from_secs(30);
 const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
-
-#[derive(Debug, PartialEq)]
-enum AppError {
-    Rejected(u32),
-    Db(String),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Db(e.to_string())
-    }
-}
-
-impl From<idemdb::redb::StorageError> for AppError {
-    fn from(e: idemdb::redb::StorageError) -> Self {
-        AppError::Db(e.to_string())
-    }
-}
 
 fn scope() -> Scope {
     Scope::new("POST /charges", "tenant-7")
 }
 
 fn ledger_row(db: &IdemDb, key: &str) -> Option<u64> {
-    let txn = db.begin_read().unwrap();
-    match txn.open_table(LEDGER) {
-        Ok(table) => table.get(key).unwrap().map(|v| v.value()),
-        Err(TableError::TableDoesNotExist(_)) => None,
-        Err(e) => panic!("unexpected table error: {e}"),
-    }
+    common::business_row(db, LEDGER, key)
 }
 
 /// A business closure that records that it ran and writes one ledger row.

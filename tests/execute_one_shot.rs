@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{T0, setup};
+use common::{AppError, T0, setup};
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -10,35 +10,13 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use idemdb::redb::{
-    MultimapTableDefinition, MultimapTableHandle, ReadableTableMetadata, TableDefinition,
-    TableError, TableHandle,
-};
+use idemdb::redb::{MultimapTableDefinition, MultimapTableHandle, TableDefinition, TableHandle};
 use idemdb::{
     Error, ExecuteError, ExecuteOutcome, IdemDb, InputError, Key, Outcome, RecordState,
     Reservation, ReserveOutcome, Scope,
 };
 
 const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
-
-/// The caller's own error type.
-#[derive(Debug, PartialEq)]
-enum AppError {
-    Rejected(u32),
-    Db(String),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Db(e.to_string())
-    }
-}
-
-impl From<idemdb::redb::StorageError> for AppError {
-    fn from(e: idemdb::redb::StorageError) -> Self {
-        AppError::Db(e.to_string())
-    }
-}
 
 fn scope() -> Scope {
     Scope::new("POST /orders", "user-1")
@@ -47,21 +25,11 @@ fn scope() -> Scope {
 /// The business row for `key`, read through a durable snapshot; `None` if absent (or if the
 /// table was never created).
 fn business_row(db: &IdemDb, key: &str) -> Option<u64> {
-    let txn = db.begin_read().unwrap();
-    match txn.open_table(ORDERS) {
-        Ok(table) => table.get(key).unwrap().map(|v| v.value()),
-        Err(TableError::TableDoesNotExist(_)) => None,
-        Err(e) => panic!("unexpected table error: {e}"),
-    }
+    common::business_row(db, ORDERS, key)
 }
 
 fn business_row_count(db: &IdemDb) -> u64 {
-    let txn = db.begin_read().unwrap();
-    match txn.open_table(ORDERS) {
-        Ok(table) => table.len().unwrap(),
-        Err(TableError::TableDoesNotExist(_)) => 0,
-        Err(e) => panic!("unexpected table error: {e}"),
-    }
+    common::business_row_count(db, ORDERS)
 }
 
 /// A closure that counts its runs, writes `row` into ORDERS and returns `outcome`.

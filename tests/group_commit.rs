@@ -1,6 +1,10 @@
 //! Group commit, made observable with a backend whose syncs can be held: while one commit is
 //! stuck in its fsync, the ops that arrive form the next batch.
 
+mod common;
+
+use common::{LEASE, on_backend};
+
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -9,16 +13,11 @@ use idemdb::redb::{ReadableTableMetadata, TableDefinition};
 use idemdb::testing::{Fate, Fault, FaultBackend, queued_ops};
 use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 
-const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
 const ROWS: TableDefinition<&str, u64> = TableDefinition::new("rows");
 
 fn open(backend: &FaultBackend) -> Arc<IdemDb> {
-    Arc::new(
-        IdemDb::builder()
-            .open_with_backend(backend.clone())
-            .unwrap(),
-    )
+    Arc::new(on_backend(backend))
 }
 
 fn scope() -> Scope {
@@ -335,9 +334,7 @@ fn an_io_error_in_a_commit_answers_the_batch_outcome_unknown_and_refuses_writes(
     );
     drop(db);
     backend.clear_faults();
-    let db = IdemDb::builder()
-        .open_with_backend(backend.clone())
-        .unwrap();
+    let db = on_backend(&backend);
     assert_eq!(
         db.reserve(&scope(), &Key::new("before"), b"p", LEASE)
             .unwrap(),

@@ -1,6 +1,10 @@
 //! A request whose future is dropped (the client went away) or whose handler panics releases
 //! its key, so that the retry runs the handler again instead of waiting out the lease.
 
+mod common;
+
+use common::fresh_shared;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -25,8 +29,7 @@ fn record(db: &IdemDb, key: &str) -> Option<idemdb::Record> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_request_releases_its_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let (_dir, db) = fresh_shared();
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(Arc::clone(&db), IdempotencyConfig::global_keys()).unwrap();
     let handler = {
@@ -69,8 +72,7 @@ async fn a_dropped_request_releases_its_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_releases_its_key_and_the_panic_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let (_dir, db) = fresh_shared();
     let calls = Arc::new(AtomicUsize::new(0));
     let handler = {
         let calls = Arc::clone(&calls);
@@ -100,8 +102,7 @@ async fn a_panicking_handler_releases_its_key_and_the_panic_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_too_large_to_store_is_sent_and_a_marker_stored_in_its_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let (_dir, db) = fresh_shared();
     let calls = Arc::new(AtomicUsize::new(0));
     let handler = {
         let calls = Arc::clone(&calls);

@@ -9,10 +9,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
+use common::fresh_shared;
 use http_support::Server;
 use idemdb::IdemDb;
 use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
 
+mod common;
 mod http_support;
 
 #[derive(Clone, Default)]
@@ -99,9 +101,9 @@ fn open(path: &std::path::Path) -> Arc<IdemDb> {
 
 /// A server on a fresh database, with fresh handler counts.
 async fn start(config: IdempotencyConfig) -> (tempfile::TempDir, Counts, Server) {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, db) = fresh_shared();
     let counts = Counts::default();
-    let server = serve(open(&dir.path().join("db")), counts.clone(), config).await;
+    let server = serve(db, counts.clone(), config).await;
     (dir, counts, server)
 }
 

@@ -13,6 +13,7 @@ use http_body::Frame;
 use http_support::{Calls, Server, order, per_user, problem, request, serve};
 use idemdb::http::IdempotencyConfig;
 
+mod common;
 mod http_support;
 
 /// A body that sends one chunk, then fails.

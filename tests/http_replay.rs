@@ -7,6 +7,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http_support::{Calls, Server, per_user, request, serve};
 
+mod common;
 mod http_support;
 
 /// `echo hello | gzip -n`

@@ -6,6 +6,7 @@ use axum::routing::MethodFilter;
 use http_support::{Calls, Server, order, per_user, problem, request, serve};
 use idemdb::http::IdempotencyConfig;
 
+mod common;
 mod http_support;
 
 /// `/order` (POST and PATCH), `/other` and `/items/{*rest}` answer 201 "order <n>", n

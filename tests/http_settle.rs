@@ -7,10 +7,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{Response, StatusCode};
 use axum::routing::post;
-use http_support::{Calls, Server, fresh_db, per_user, problem, request, serve_on};
+use common::fresh_shared;
+use http_support::{Calls, Server, per_user, problem, request, serve_on};
 use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
 use idemdb::{Error, IdemDb, InputError, Key, Limits, RecordState, Scope};
 
+mod common;
 mod http_support;
 
 /// The stored encoding around a body of the `/sized` handler: version, status, header count,
@@ -53,7 +55,7 @@ async fn sized(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_at_the_documented_limit_never_strands_its_key() {
-    let (_dir, db) = fresh_db();
+    let (_dir, db) = fresh_shared();
     let (calls, server) = start(Arc::clone(&db), per_user()).await;
     let client = reqwest::Client::new();
     let limit = 1 << 20;
@@ -97,7 +99,7 @@ async fn a_response_at_the_documented_limit_never_strands_its_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_response_is_sent_once_and_retries_get_a_marker() {
-    let (_dir, db) = fresh_db();
+    let (_dir, db) = fresh_shared();
     let mut config = per_user();
     config.max_stored_response = 4096;
     let (calls, server) = start(Arc::clone(&db), config).await;

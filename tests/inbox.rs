@@ -1,6 +1,10 @@
 //! Inbox dedupe: a redelivery does not run the handler, a handler error commits nothing, and a
 //! poll of many messages shares one commit with each message isolated.
 
+mod common;
+
+use common::fresh;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -8,12 +12,6 @@ use idemdb::redb::{ReadableTable, TableDefinition};
 use idemdb::{Consumed, Error, ExecuteError, IdemDb};
 
 const SEEN: TableDefinition<&str, u64> = TableDefinition::new("seen");
-
-fn open() -> (tempfile::TempDir, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = IdemDb::open(dir.path().join("db")).unwrap();
-    (dir, db)
-}
 
 fn count(db: &IdemDb, id: &str) -> u64 {
     let read = db.begin_read().unwrap();
@@ -34,7 +32,7 @@ fn bump(id: &'static str) -> impl FnOnce(&mut idemdb::Tx<'_>) -> Result<(), Erro
 
 #[test]
 fn redelivery_is_a_duplicate_and_a_failure_is_retried() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     assert_eq!(
         db.consume("billing", "m1", bump("m1")).unwrap(),
         Consumed::Processed
@@ -64,7 +62,7 @@ fn redelivery_is_a_duplicate_and_a_failure_is_retried() {
 
 #[test]
 fn a_poll_shares_one_commit_and_isolates_each_message() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     let ids: Vec<&'static str> = (0..50).map(|i| &*format!("p{i}").leak()).collect();
     let ran = Arc::new(AtomicUsize::new(0));
     let before = db.stats().commits;

@@ -3,6 +3,10 @@
 //! the database refuses writes until reopened, nothing acknowledged is lost, and reopening
 //! recovers.
 
+mod common;
+
+use common::on_backend;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,9 +83,7 @@ fn failing_syncs_at_every_point() {
 #[test]
 fn callers_of_the_failing_batch_are_told_the_outcome_is_unknown() {
     let backend = FaultBackend::new();
-    let db = IdemDb::builder()
-        .open_with_backend(backend.clone())
-        .unwrap();
+    let db = on_backend(&backend);
     let scope = Scope::new("op", "p");
     backend.inject(Fault::Write { after: 0 });
     let e = db

@@ -2,9 +2,11 @@
 //! each kill the file is reopened and every outcome the process printed is checked
 //! (invariants I1–I5), then the workload continues on the same file.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,27 +24,6 @@ fn response(key: &str) -> Vec<u8> {
         out.push(b'|');
     }
     out
-}
-
-/// Builds the worker example in this test's profile (a no-op when it is fresh) and finds it.
-fn worker_binary() -> PathBuf {
-    // Tests run from target/<profile>/deps; examples land in target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build
-        .args(["build", "--example", "crash_worker", "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    assert!(
-        build.status().unwrap().success(),
-        "building the worker failed"
-    );
-    let bin = profile_dir.join("examples").join("crash_worker");
-    assert!(bin.exists(), "no worker at {}", bin.display());
-    bin
 }
 
 /// The last acknowledged step of each key, with the token it was acquired under.
@@ -134,7 +115,7 @@ fn check(path: &Path, acked: &BTreeMap<String, Acked>, max_token: u64, run: usiz
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_acknowledged() {
-    let bin = worker_binary();
+    let bin = common::example_binary("crash_worker");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("killed.idemdb");
     let mut acked: BTreeMap<String, Acked> = BTreeMap::new();

@@ -2,13 +2,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{acquired, setup};
+use common::{LEASE, acquired, setup};
 use idemdb::{Key, ReserveOutcome, Scope};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-const LEASE: Duration = Duration::from_secs(30);
 
 #[test]
 fn metrics_follow_the_stats() {

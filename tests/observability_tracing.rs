@@ -6,15 +6,12 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use common::{acquired, setup};
+use common::{LEASE, acquired, setup};
 use idemdb::{Key, Scope};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
-
-const LEASE: Duration = Duration::from_secs(30);
 
 /// Records every span's name and fields.
 #[derive(Clone, Default)]

@@ -2,13 +2,11 @@
 
 mod common;
 
-use common::{T0, acquired, setup};
+use common::{LEASE, T0, acquired, setup};
 
 use std::time::Duration;
 
 use idemdb::{Clock, Error, IdemDb, Key, RecordState, Reservation, ReserveOutcome, Scope};
-
-const LEASE: Duration = Duration::from_secs(30);
 
 fn scope() -> Scope {
     Scope::new("POST /transfers", "acct-1")

@@ -1,9 +1,13 @@
 //! 64 threads reserve the same fresh key at once, 1,000 rounds: exactly one executes per round.
 
+mod common;
+
+use common::fresh_shared;
+
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
+use idemdb::{Key, ReserveOutcome, Scope};
 
 const THREADS: usize = 64;
 const ROUNDS: usize = 1_000;
@@ -18,8 +22,7 @@ struct RoundLog {
 
 #[test]
 fn exactly_one_acquires_per_round() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("race.idemdb")).unwrap());
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("charge", "user-1");
     let start = Arc::new(Barrier::new(THREADS));
     let logs: Arc<Vec<Mutex<RoundLog>>> = Arc::new((0..ROUNDS).map(|_| Mutex::default()).collect());

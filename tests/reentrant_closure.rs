@@ -1,15 +1,18 @@
 //! A closure that calls back into the database from inside its own commit gets an error
 //! instead of waiting for itself forever.
 
+mod common;
+
+use common::fresh_shared;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemdb::{Error, ExecuteError, IdemDb, Key, Outcome, ReserveOutcome, Scope};
+use idemdb::{Error, ExecuteError, Key, Outcome, ReserveOutcome, Scope};
 
 #[test]
 fn a_closure_calling_the_database_is_refused_not_deadlocked() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
+    let (_dir, db) = fresh_shared();
     let scope = Scope::new("op", "p");
     let inner = Arc::clone(&db);
     let result = db.execute(&scope, &Key::new("outer"), b"p", move |_tx| {

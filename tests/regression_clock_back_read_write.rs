@@ -5,20 +5,14 @@
 
 mod common;
 
-use common::{T0, acquired, minutes, open_retained};
+use common::{LEASE, T0, acquired, minutes, open_retained, reopenable, setup_retained};
 
-use std::time::Duration;
-
-use idemdb::{Key, ManualClock, RecordState, ReserveOutcome, Scope};
-
-const LEASE: Duration = Duration::from_secs(30);
+use idemdb::{Key, RecordState, ReserveOutcome, Scope};
 
 #[test]
 fn reads_and_writes_pick_the_same_record_after_the_clock_steps_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("clock_back.idemdb");
-    let clock = ManualClock::new(T0);
     // TTL 1 min.
+    let (_dir, path, clock) = reopenable();
     let db = open_retained(&path, &clock, minutes(1));
     let scope = Scope::new("POST /orders", "user-1");
     let key = Key::new("order-1");
@@ -70,9 +64,7 @@ fn reads_and_writes_pick_the_same_record_after_the_clock_steps_back() {
 
 #[test]
 fn a_completed_newer_generation_wins_over_an_older_one_after_the_clock_steps_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("gens.idemdb"), &clock, minutes(1));
+    let (_dir, clock, db) = setup_retained(minutes(1));
     let scope = Scope::new("POST /orders", "user-1");
     let key = Key::new("order-2");
 

@@ -5,21 +5,19 @@
 
 mod common;
 
-use common::{T0, acquired, minutes, open_retained};
+use common::{T0, acquired, minutes, setup_retained};
 
 use std::time::Duration;
 
-use idemdb::{Key, ManualClock, Scope};
+use idemdb::{Key, Scope};
 
 const MINUTE: u64 = 60_000;
 const LEASE: Duration = Duration::from_secs(5);
 
 #[test]
 fn a_forward_clock_glitch_holds_back_only_its_own_partition() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
     // 1-minute partitions, TTL 1 min.
-    let db = open_retained(&dir.path().join("glitch.idemdb"), &clock, minutes(1));
+    let (_dir, clock, db) = setup_retained(minutes(1));
     let scope = Scope::new("POST /events", "tenant-1");
     let finish = |name: String| {
         let res = acquired(db.reserve(&scope, &Key::new(name), b"e", LEASE).unwrap());

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{T0, acquired};
+use common::{T0, acquired, open_on, reopenable};
 
 use std::time::Duration;
 
@@ -15,12 +15,7 @@ const LEASE: Duration = Duration::from_secs(10);
 fn a_reservation_from_another_database_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
-    let open = |name: &str| {
-        IdemDb::builder()
-            .clock(clock.clone())
-            .open(dir.path().join(name))
-            .unwrap()
-    };
+    let open = |name: &str| open_on(&dir.path().join(name), &clock);
     let a = open("a.idemdb");
     let b = open("b.idemdb");
     let scope = Scope::new("POST /payments", "merchant-1");
@@ -79,10 +74,8 @@ fn a_reservation_from_another_database_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_reservation_stays_valid_across_a_reopen_of_the_same_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("same.idemdb");
-    let clock = ManualClock::new(T0);
-    let open = || IdemDb::builder().clock(clock.clone()).open(&path).unwrap();
+    let (_dir, path, clock) = reopenable();
+    let open = || open_on(&path, &clock);
     let scope = Scope::new("POST /payments", "merchant-1");
     let key = Key::new("pay-1");
 

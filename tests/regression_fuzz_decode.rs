@@ -1,26 +1,26 @@
 //! Crashers found by the `decode` fuzz target (fuzz/fuzz_targets/decode.rs), kept as named
 //! regression tests. Each input is a list of patches over a small valid idemdb file.
 
+mod common;
+
+use common::{acquired, on_backend};
+
 use std::time::Duration;
 
 use idemdb::testing::FaultBackend;
-use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
+use idemdb::{IdemDb, Key, Scope};
 
 /// The fuzz target's valid file: one completed, one failed and one in-progress record.
 fn valid_image() -> Vec<u8> {
     let backend = FaultBackend::new();
-    let db = IdemDb::builder()
-        .open_with_backend(backend.clone())
-        .unwrap();
+    let db = on_backend(&backend);
     let scope = Scope::new("op", "p");
     for (i, finish) in ["complete", "fail", "hold"].iter().enumerate() {
         let key = Key::new(format!("k{i}"));
-        let ReserveOutcome::Acquired(r) = db
-            .reserve(&scope, &key, b"payload", Duration::from_secs(60))
-            .unwrap()
-        else {
-            panic!("fresh key")
-        };
+        let r = acquired(
+            db.reserve(&scope, &key, b"payload", Duration::from_secs(60))
+                .unwrap(),
+        );
         match *finish {
             "complete" => db.complete(&r, b"201 ok".to_vec()).unwrap(),
             "fail" => db.fail(&r, b"402 declined".to_vec()).unwrap(),

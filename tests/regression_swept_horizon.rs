@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{T0, acquired, minutes};
+use common::{T0, acquired, minutes, reopenable};
 
 use std::time::Duration;
 
@@ -14,9 +14,7 @@ const MINUTE: u64 = 60_000;
 
 #[test]
 fn each_swept_reservation_is_recognised_until_its_own_horizon() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let path = dir.path().join("swept.idemdb");
+    let (_dir, path, clock) = reopenable();
     // TTL 1 min, horizon factor 4: recognised until lease end + 4 min.
     let db = common::open_retained(&path, &clock, minutes(1));
     let scope = Scope::new("POST /jobs", "tenant-1");

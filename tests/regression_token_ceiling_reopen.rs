@@ -7,20 +7,18 @@
 
 mod common;
 
-use common::{T0, acquired};
+use common::{acquired, open_on, reopenable};
 
 use std::time::Duration;
 
-use idemdb::{Error, ExecuteError, IdemDb, Key, ManualClock, Outcome, RecordState, Scope};
+use idemdb::{Error, ExecuteError, Key, Outcome, RecordState, Scope};
 
 const LEASE: Duration = Duration::from_secs(10);
 
 #[test]
 fn token_ceiling_survives_an_aborted_execute_and_a_refused_owner_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ceiling.idemdb");
-    let clock = ManualClock::new(T0);
-    let open = || IdemDb::builder().clock(clock.clone()).open(&path).unwrap();
+    let (_dir, path, clock) = reopenable();
+    let open = || open_on(&path, &clock);
     let scope = Scope::new("POST /payments", "merchant-1");
     let key = Key::new("pay-1");
 

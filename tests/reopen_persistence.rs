@@ -2,20 +2,15 @@
 
 mod common;
 
-use common::{T0, acquired};
+use common::{T0, acquired, open_on, reopenable};
 
-use std::path::Path;
 use std::time::Duration;
 
 use idemdb::{
-    Error, ExecuteOutcome, IdemDb, Key, ManualClock, Outcome, RecordState, ReserveOutcome, Scope,
+    Error, ExecuteOutcome, Key, ManualClock, Outcome, RecordState, ReserveOutcome, Scope,
 };
 
 const LEASE: Duration = Duration::from_secs(60);
-
-fn open(path: &Path, clock: &ManualClock) -> IdemDb {
-    IdemDb::builder().clock(clock.clone()).open(path).unwrap()
-}
 
 fn scope() -> Scope {
     Scope::new("POST /things", "owner")
@@ -23,13 +18,11 @@ fn scope() -> Scope {
 
 #[test]
 fn records_tokens_and_the_secret_survive_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("persist.idemdb");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     let payload = b"the request";
     let keys = ["done", "failed", "held", "executed"].map(Key::new);
 
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     let fp_before = db.fingerprint(payload);
     let mut tokens = Vec::new();
 
@@ -70,7 +63,7 @@ fn records_tokens_and_the_secret_survive_reopen() {
     drop(db);
 
     clock.advance(Duration::from_secs(15));
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     for (k, rec) in keys.iter().zip(&before) {
         assert_eq!(db.get(&scope(), k).unwrap().as_ref(), Some(rec), "{k:?}");
     }
@@ -134,23 +127,21 @@ fn records_tokens_and_the_secret_survive_reopen() {
 fn each_database_has_its_own_secret() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
-    let a = open(&dir.path().join("a.idemdb"), &clock);
-    let b = open(&dir.path().join("b.idemdb"), &clock);
+    let a = open_on(&dir.path().join("a.idemdb"), &clock);
+    let b = open_on(&dir.path().join("b.idemdb"), &clock);
     assert_ne!(a.fingerprint(b"same bytes"), b.fingerprint(b"same bytes"));
     let fp_a = a.fingerprint(b"same bytes");
     drop(a);
-    let a = open(&dir.path().join("a.idemdb"), &clock);
+    let a = open_on(&dir.path().join("a.idemdb"), &clock);
     assert_eq!(a.fingerprint(b"same bytes"), fp_a);
 }
 
 #[test]
 fn takeover_after_reopen_fences_the_owner_from_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("takeover.idemdb");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     let key = Key::new("job");
 
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     let a = acquired(
         db.reserve(&scope(), &key, b"p", Duration::from_secs(10))
             .unwrap(),
@@ -159,7 +150,7 @@ fn takeover_after_reopen_fences_the_owner_from_before() {
 
     // The process died; it comes back after the lease ran out.
     clock.advance(Duration::from_secs(10));
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     let b = acquired(db.reserve(&scope(), &key, b"p", LEASE).unwrap());
     assert!(b.is_takeover());
     assert_eq!(b.attempt(), 2);
@@ -178,7 +169,7 @@ fn takeover_after_reopen_fences_the_owner_from_before() {
 
     db.complete(&b, b"from b".to_vec()).unwrap();
     drop(db);
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     let rec = db.get(&scope(), &key).unwrap().unwrap();
     assert_eq!(rec.state, RecordState::Completed);
     assert_eq!(rec.token, b.token());
@@ -192,12 +183,10 @@ fn takeover_after_reopen_fences_the_owner_from_before() {
 
 #[test]
 fn tokens_increase_across_many_reopens() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tokens.idemdb");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     let mut last_max = 0u64;
     for round in 0..5u32 {
-        let db = open(&path, &clock);
+        let db = open_on(&path, &clock);
         let mut this_round = Vec::new();
         for i in 0..3u32 {
             let key = Key::new(format!("r{round}-k{i}"));
@@ -223,7 +212,7 @@ fn tokens_increase_across_many_reopens() {
         drop(db);
     }
     // Everything completed in earlier rounds is still there.
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     for round in 0..5u32 {
         assert_eq!(
             db.get(&scope(), &Key::new(format!("r{round}-k0"))).unwrap(),
@@ -245,14 +234,12 @@ fn tokens_increase_across_many_reopens() {
 
 #[test]
 fn close_is_the_same_as_drop() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("close.idemdb");
-    let clock = ManualClock::new(T0);
-    let db = open(&path, &clock);
+    let (_dir, path, clock) = reopenable();
+    let db = open_on(&path, &clock);
     let r = acquired(db.reserve(&scope(), &Key::new("k"), b"p", LEASE).unwrap());
     db.complete(&r, b"closed".to_vec()).unwrap();
     db.close();
-    let db = open(&path, &clock);
+    let db = open_on(&path, &clock);
     assert_eq!(
         db.reserve(&scope(), &Key::new("k"), b"p", LEASE).unwrap(),
         ReserveOutcome::Completed(b"closed".to_vec())

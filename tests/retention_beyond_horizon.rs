@@ -3,14 +3,11 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{T0, acquired, minutes, open_retained};
+use common::{LEASE, T0, acquired, minutes, open_retained};
 use idemdb::{
     BeyondHorizonPolicy, Error, ExecuteOutcome, Key, ManualClock, Outcome, ReserveOutcome, Scope,
 };
 
-const LEASE: Duration = Duration::from_secs(30);
 const MIN: u64 = 60_000;
 
 fn finish(db: &idemdb::IdemDb, scope: &Scope, key: &Key) {

@@ -6,10 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{T0, acquired, minutes, open_retained, partition_tables};
+use common::{LEASE, T0, acquired, minutes, open_retained, partition_tables, reopenable};
 use idemdb::{Key, ManualClock, ReserveOutcome, Scope};
 
-const LEASE: Duration = Duration::from_secs(30);
 const MIN: u64 = 60_000;
 
 fn finish(db: &idemdb::IdemDb, scope: &Scope, key: &str, response: &str) {
@@ -96,9 +95,7 @@ fn partitions_follow_the_last_change_and_drop_whole_when_all_expired() {
 
 #[test]
 fn a_partition_with_a_live_record_is_never_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     let scope = Scope::new("op", "p");
     // Two TTLs in the same window: two partitions, dropped at different times.
     let db = open_retained(
@@ -125,9 +122,7 @@ fn a_partition_with_a_live_record_is_never_dropped() {
 
 #[test]
 fn a_clock_that_goes_back_writes_into_its_own_windows_partition() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     let scope = Scope::new("op", "p");
     let db = open_retained(&path, &clock, minutes(5));
     finish(&db, &scope, "a", "a");

@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{T0, acquired, minutes};
+use common::{LEASE, T0, acquired, minutes, open_retained, reopenable};
 use idemdb::{Clock, Error, IdemDb, Key, ManualClock, Scope};
 use parking_lot::Mutex;
 
-const LEASE: Duration = Duration::from_secs(30);
 /// The tests here count threads by name: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -36,13 +35,9 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 fn drops_due_partitions_by_itself_and_is_joined_on_close() {
     let _serial = SERIAL.lock();
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .retention(minutes(5).compact_interval(Some(Duration::from_millis(10))))
-        .open(dir.path().join("db"))
-        .unwrap();
+    let (_dir, path, clock) = reopenable();
+    let every_10_ms = minutes(5).compact_interval(Some(Duration::from_millis(10)));
+    let db = open_retained(&path, &clock, every_10_ms);
     // The thread names itself once it runs.
     wait_until("the named thread", || compactor_threads() == 1);
     let scope = Scope::new("op", "p");
@@ -63,11 +58,7 @@ fn drops_due_partitions_by_itself_and_is_joined_on_close() {
     assert_eq!(compactor_threads(), 0, "stopped and joined");
 
     // No background thread when the interval is None.
-    let db = IdemDb::builder()
-        .clock(clock)
-        .retention(minutes(5))
-        .open(dir.path().join("db"))
-        .unwrap();
+    let db = open_retained(&path, &clock, minutes(5));
     assert_eq!(compactor_threads(), 0);
     drop(db);
 }
@@ -141,10 +132,6 @@ fn a_panic_in_the_compactor_poisons_the_database() {
     db.close();
     assert_eq!(compactor_threads(), 0);
     // Reopening clears it.
-    let db = IdemDb::builder()
-        .clock(ManualClock::new(T0))
-        .retention(minutes(5))
-        .open(dir.path().join("db"))
-        .unwrap();
+    let db = open_retained(&dir.path().join("db"), &ManualClock::new(T0), minutes(5));
     assert!(db.reserve(&scope, &Key::new("after"), b"x", LEASE).is_ok());
 }

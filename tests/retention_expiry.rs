@@ -5,10 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{T0, acquired, minutes, open_retained};
-use idemdb::{Error, ExecuteOutcome, Key, ManualClock, Outcome, ReserveOutcome, Scope};
-
-const LEASE: Duration = Duration::from_secs(30);
+use common::{LEASE, T0, acquired, minutes, setup_retained};
+use idemdb::{Error, ExecuteOutcome, Key, Outcome, ReserveOutcome, Scope};
 
 fn min(n: u64) -> Duration {
     Duration::from_secs(60 * n)
@@ -16,9 +14,7 @@ fn min(n: u64) -> Duration {
 
 #[test]
 fn a_finished_record_counts_until_its_ttl_then_is_absent() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("db"), &clock, minutes(10));
+    let (_dir, clock, db) = setup_retained(minutes(10));
     let (scope, key) = (Scope::new("op", "p"), Key::new("k"));
     let r = acquired(db.reserve(&scope, &key, b"a", LEASE).unwrap());
     clock.advance(min(3));
@@ -58,10 +54,8 @@ fn a_finished_record_counts_until_its_ttl_then_is_absent() {
 
 #[test]
 fn each_operation_expires_after_its_own_ttl() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
     let retention = minutes(10).operation_ttl("redrive", min(120));
-    let db = open_retained(&dir.path().join("db"), &clock, retention);
+    let (_dir, clock, db) = setup_retained(retention);
     let short = (Scope::new("client", "p"), Key::new("k"));
     let long = (Scope::new("redrive", "p"), Key::new("k"));
     for (scope, key) in [&short, &long] {
@@ -81,9 +75,7 @@ fn each_operation_expires_after_its_own_ttl() {
 
 #[test]
 fn an_abandoned_reservation_expires_a_ttl_after_its_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("db"), &clock, minutes(10));
+    let (_dir, clock, db) = setup_retained(minutes(10));
     let (scope, key) = (Scope::new("op", "p"), Key::new("k"));
     let stale = acquired(db.reserve(&scope, &key, b"a", LEASE).unwrap());
     // Past the lease but within lease + TTL: a takeover, with the record's history.
@@ -122,9 +114,7 @@ fn an_abandoned_reservation_expires_a_ttl_after_its_lease() {
 
 #[test]
 fn execute_sees_beyond_horizon_in_its_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("db"), &clock, minutes(10));
+    let (_dir, clock, db) = setup_retained(minutes(10));
     let (scope, key) = (Scope::new("op", "p"), Key::new("k"));
     let run = |db: &idemdb::IdemDb| {
         db.execute(&scope, &key, b"x", |tx| {

@@ -8,18 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::{T0, minutes, open_retained};
-use idemdb::{Key, ManualClock, ReserveOutcome, Scope};
+use common::{LEASE, minutes, setup_retained};
+use idemdb::{Key, ReserveOutcome, Scope};
 
 const THREADS: usize = 32;
 const ROUNDS: usize = 150;
-const LEASE: Duration = Duration::from_secs(30);
 
 #[test]
 fn one_winner_per_round_while_partitions_expire_and_drop() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = Arc::new(open_retained(&dir.path().join("db"), &clock, minutes(1)));
+    let (_dir, clock, db) = setup_retained(minutes(1));
+    let db = Arc::new(db);
     let start = Arc::new(Barrier::new(THREADS + 1));
     let done = Arc::new(Barrier::new(THREADS + 1));
     let stop = Arc::new(AtomicBool::new(false));

@@ -10,8 +10,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{T0, minutes, open_retained};
-use idemdb::{Error, ExecuteOutcome, Key, ManualClock, Outcome, Scope};
+use common::{minutes, setup_retained};
+use idemdb::{Error, ExecuteOutcome, Key, Outcome, Scope};
 
 const THREADS: usize = 1;
 const PER_THREAD: usize = 3_000;
@@ -41,9 +41,8 @@ fn fill(db: &Arc<idemdb::IdemDb>, cycle: usize) {
 
 #[test]
 fn fill_and_expire_cycles_reuse_the_space() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = Arc::new(open_retained(&dir.path().join("db"), &clock, minutes(5)));
+    let (_dir, clock, db) = setup_retained(minutes(5));
+    let db = Arc::new(db);
     let mut sizes = Vec::new();
     for cycle in 0..CYCLES {
         fill(&db, cycle);

@@ -7,13 +7,11 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{T0, acquired, minutes, open_retained};
-use idemdb::redb::{self, TableDefinition};
-use idemdb::{
-    Error, IdemDb, Key, ManualClock, RecordState, ScanFilter, ScannedRecord, Scope, StoredIn,
+use common::{
+    LEASE, T0, acquired, first_partition, minutes, open_retained, reopenable, setup_retained,
 };
-
-const LEASE: Duration = Duration::from_secs(30);
+use idemdb::redb::{self, TableDefinition};
+use idemdb::{Error, IdemDb, Key, RecordState, ScanFilter, ScannedRecord, Scope, StoredIn};
 
 /// Records: "order"/u1: a (completed), b (failed), c (in progress); "orders"/u2: d
 /// (completed, binary response); "refund"/"": e (completed).
@@ -50,9 +48,7 @@ fn names(recs: &[ScannedRecord]) -> Vec<String> {
 
 #[test]
 fn scan_filters_by_state_operation_and_expiry() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("db"), &clock, minutes(10));
+    let (_dir, clock, db) = setup_retained(minutes(10));
     populated(&db);
 
     let all = collect(&db, &ScanFilter::default());
@@ -100,9 +96,7 @@ fn scan_filters_by_state_operation_and_expiry() {
 
 #[test]
 fn scan_stops_when_told_and_reports_progress() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = open_retained(&dir.path().join("db"), &clock, minutes(10));
+    let (_dir, _clock, db) = setup_retained(minutes(10));
     let scope = Scope::new("bulk", "p");
     let n = 10_000u64;
     // 16 writers, so that commits are shared: the fill takes a fraction of 10,000 fsyncs.
@@ -162,10 +156,6 @@ fn a_second_open_of_the_same_file_is_refused_as_already_open() {
     IdemDb::open(&path).unwrap();
 }
 
-fn partition_name(path: &Path) -> String {
-    common::partition_tables(path).into_iter().next().unwrap()
-}
-
 /// Writes `entries` into `table` of the closed database at `path`, through redb alone.
 fn write_raw(path: &Path, table: &str, entries: &[(&[u8], &[u8])]) {
     let db = redb::Database::open(path).unwrap();
@@ -196,9 +186,7 @@ fn record_bytes(state: u8, token: u64, updated: u64, expires: u64, response: &[u
 
 #[test]
 fn verify_passes_a_healthy_file_and_lists_every_damaged_entry() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = reopenable();
     {
         let db = open_retained(&path, &clock, minutes(10));
         populated(&db);
@@ -213,7 +201,7 @@ fn verify_passes_a_healthy_file_and_lists_every_damaged_entry() {
             (1, 1, 4)
         );
     }
-    let part = partition_name(&path);
+    let part = first_partition(&path);
     let key = |op: &str, k: &str| {
         let mut b = (op.len() as u16).to_be_bytes().to_vec();
         b.extend_from_slice(op.as_bytes());

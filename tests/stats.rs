@@ -5,10 +5,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{acquired, setup};
+use common::{LEASE, acquired, on_backend, setup};
 use idemdb::{Error, ExecuteOutcome, Key, Outcome, ReserveOutcome, Scope};
-
-const LEASE: Duration = Duration::from_secs(30);
 
 #[test]
 fn counters_follow_the_outcomes() {
@@ -120,9 +118,7 @@ fn storage_figures_match_the_file_by_path_and_by_backend() {
 
     // Over a backend, the size is the storage's length as redb last set it.
     let backend = idemdb::testing::FaultBackend::new();
-    let db = idemdb::IdemDb::builder()
-        .open_with_backend(backend.clone())
-        .unwrap();
+    let db = on_backend(&backend);
     let r = acquired(db.reserve(&s, &Key::new("k"), b"p", LEASE).unwrap());
     db.complete(&r, vec![1; 100]).unwrap();
     let stats = db.stats();

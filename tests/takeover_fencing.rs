@@ -2,22 +2,17 @@
 
 mod common;
 
-use common::{T0, acquired};
+use common::{T0, acquired, setup};
 
 use std::time::Duration;
 
-use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
+use idemdb::{Error, Key, RecordState, ReserveOutcome, Scope};
 
 const LEASE: Duration = Duration::from_secs(10);
 
 #[test]
 fn stalled_owner_is_taken_over_and_its_late_complete_is_fenced() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("takeover.idemdb"))
-        .unwrap();
+    let (_dir, clock, db) = setup();
     let scope = Scope::new("POST /payments", "merchant-9");
     let key = Key::new("pay-0001");
     let payload = br#"{"amount":1000,"currency":"EUR"}"#;
@@ -103,12 +98,7 @@ fn stalled_owner_is_taken_over_and_its_late_complete_is_fenced() {
 
 #[test]
 fn chain_of_takeovers_fences_every_earlier_owner() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(T0);
-    let db = IdemDb::builder()
-        .clock(clock.clone())
-        .open(dir.path().join("chain.idemdb"))
-        .unwrap();
+    let (_dir, clock, db) = setup();
     let scope = Scope::new("job", "");
     let key = Key::new("nightly");
 

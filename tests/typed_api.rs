@@ -2,14 +2,12 @@
 
 mod common;
 
-use common::setup;
+use common::{LEASE, setup};
 
 use std::time::Duration;
 
 use idemdb::{Error, Key, RecordState, Reservation, ReserveOutcome, Scope, TypedOutcome};
 use serde::{Deserialize, Serialize};
-
-const LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 struct Receipt {

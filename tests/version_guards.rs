@@ -1,17 +1,15 @@
 //! Version guards: each for the equal, older and newer version, and their writes rolled back
 //! with the rest of the closure.
 
+mod common;
+
+use common::fresh;
+
 use idemdb::redb::{ReadableTableMetadata, TableDefinition};
 use idemdb::{Error, ExecuteError, Guarded, IdemDb, Upserted, Versioned};
 
 const STATE: TableDefinition<&str, Versioned> = TableDefinition::new("state");
 const LIKES: TableDefinition<(&str, &str), u64> = TableDefinition::new("likes");
-
-fn open() -> (tempfile::TempDir, IdemDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = IdemDb::open(dir.path().join("db")).unwrap();
-    (dir, db)
-}
 
 fn stored(db: &IdemDb, id: &str) -> Option<(u64, Vec<u8>)> {
     let read = db.begin_read().unwrap();
@@ -32,7 +30,7 @@ fn newer(db: &IdemDb, version: u64, value: &'static str) -> Guarded {
 
 #[test]
 fn apply_if_newer_takes_only_a_greater_version() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     assert_eq!(newer(&db, 5, "five"), Guarded::Applied { version: 5 });
     assert_eq!(
         newer(&db, 5, "five again"),
@@ -60,7 +58,7 @@ fn cas(db: &IdemDb, expected: u64, value: &'static str) -> Guarded {
 
 #[test]
 fn compare_and_set_takes_only_the_expected_version() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     assert_eq!(
         cas(&db, 1, "x"),
         Guarded::Rejected { current: None },
@@ -87,7 +85,7 @@ fn compare_and_set_takes_only_the_expected_version() {
 
 #[test]
 fn upsert_on_a_natural_key_leaves_one_row() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     let like = |at: u64| {
         db.run(move |tx| tx.upsert(LIKES, ("u1", "p1"), at))
             .unwrap()
@@ -103,7 +101,7 @@ fn upsert_on_a_natural_key_leaves_one_row() {
 
 #[test]
 fn a_failing_closure_rolls_its_guarded_writes_back() {
-    let (_dir, db) = open();
+    let (_dir, db) = fresh();
     let failed = db.run(|tx| {
         let _ = tx.apply_if_newer(STATE, "r", 1, b"one")?;
         Err::<(), Error>(Error::Closed)

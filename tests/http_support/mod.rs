@@ -1,5 +1,6 @@
 //! Set-up shared by the HTTP layer's socket tests: an axum server on 127.0.0.1, requests
-//! from a real HTTP client.
+//! from a real HTTP client. It builds on `tests/common`: a test file that declares
+//! `mod http_support;` declares `mod common;` too.
 
 #![allow(dead_code)] // each test file uses its own subset
 
@@ -49,13 +50,6 @@ impl Server {
     }
 }
 
-/// A fresh database in a temporary directory.
-pub fn fresh_db() -> (tempfile::TempDir, Arc<IdemDb>) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(IdemDb::open(dir.path().join("db")).unwrap());
-    (dir, db)
-}
-
 /// `app`'s routes, given a fresh call count, behind the layer with `config` on `db`.
 pub async fn serve_on(
     db: Arc<IdemDb>,
@@ -73,7 +67,7 @@ pub async fn serve(
     app: impl FnOnce(&Calls) -> Router,
     config: IdempotencyConfig,
 ) -> (tempfile::TempDir, Calls, Server) {
-    let (dir, db) = fresh_db();
+    let (dir, db) = crate::common::fresh_shared();
     let (calls, server) = serve_on(db, app, config).await;
     (dir, calls, server)
 }
