@@ -6,14 +6,16 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use redb::{Table, WriteTransaction};
+use redb::{Durability, Table, WriteTransaction};
 
 use crate::config::Limits;
 use crate::decide::{Decision, Replay, check_owner, decide};
+use crate::engine::Engine;
 use crate::error::Error;
 use crate::horizon::tag;
 use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
 use crate::meta::INFLIGHT;
+use crate::meta::{META, NEXT_TOKEN_KEY};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::partition::{Partition, PartitionId};
 use crate::record::{Record, RecordState};
@@ -206,6 +208,63 @@ impl<'t> Records<'t> {
         self.inflight.remove(key.as_bytes())?;
         Ok(())
     }
+}
+
+/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
+/// when issued tokens reach it, so most batches skip the meta write. After a reopen, tokens
+/// resume at the ceiling; up to this many are skipped, never reused.
+pub(super) const TOKEN_BLOCK: u64 = 4096;
+
+/// One applied, not yet committed transaction of a batch.
+pub(super) struct Segment {
+    pub(super) txn: WriteTransaction,
+    pub(super) applied: Vec<Applied>,
+    /// The token ceiling this transaction writes, to take effect in memory once it commits.
+    pub(super) ceiling: Option<u64>,
+    /// Partitions it added to the catalog (forgotten unless it commits), and how many of
+    /// them lie behind a newer one.
+    pub(super) created: (Vec<crate::partition::PartitionId>, u64),
+}
+
+/// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.
+pub(super) fn apply_segment(
+    engine: &Engine,
+    quick_repair: bool,
+    ops: Vec<WriteOp>,
+    durable: bool,
+    ctx: &mut Ctx<'_>,
+    token_ceiling: u64,
+) -> Result<Segment, Error> {
+    let mut txn = engine.db.begin_write()?;
+    if !durable {
+        txn.set_durability(Durability::None)?;
+    } else if quick_repair {
+        txn.set_quick_repair(true);
+    }
+    let mut applied = Vec::with_capacity(ops.len());
+    let created = {
+        let mut records = Records::open(&txn, &engine.layout)?;
+        for op in ops {
+            applied.push(apply(op, &txn, &mut records, ctx));
+        }
+        records.created_partitions()
+    };
+    // Every token in a committed record must be below a ceiling committed with it (or
+    // before it). Tokens of an acquisition that rolls back are skipped, never exposed.
+    let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
+    let mut ceiling = None;
+    if commits && *ctx.next_token > token_ceiling {
+        let raised = ctx.next_token.saturating_add(TOKEN_BLOCK);
+        txn.open_table(META)?
+            .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
+        ceiling = Some(raised);
+    }
+    Ok(Segment {
+        txn,
+        applied,
+        ceiling,
+        created,
+    })
 }
 
 pub(crate) fn apply(

@@ -12,26 +12,28 @@
 //! durably and covers them. Nobody is answered before that durable commit returns.
 
 mod apply;
+mod exclusive;
 pub(crate) mod op;
 mod queue;
 
 use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Durability, WriteTransaction};
 
 use crate::config::WriterConfig;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::meta::{META, NEXT_TOKEN_KEY};
+use crate::observe::write_span;
 use crate::reentry::Committing;
 use crate::scope::RecordKey;
 use crate::stats::Counter;
 
-use apply::{Applied, Ctx, Records, apply};
+use apply::{Ctx, Segment, apply_segment};
 use op::{OpOutput, WriteOp};
-use queue::{Job, Queue};
+use queue::{Job, Queue, Slot, SlotState};
 
 /// The queue, the leader state and the commits: everything that writes goes through here.
 pub(crate) struct Writer {
@@ -44,22 +46,6 @@ pub(crate) struct Writer {
     room: Condvar,
     /// Held by the leader for the whole batch.
     leader: Mutex<LeaderState>,
-}
-
-/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
-/// when issued tokens reach it, so most batches skip the meta write. After a reopen, tokens
-/// resume at the ceiling; up to this many are skipped, never reused.
-const TOKEN_BLOCK: u64 = 4096;
-
-/// One applied, not yet committed transaction of a batch.
-struct Segment {
-    txn: WriteTransaction,
-    applied: Vec<Applied>,
-    /// The token ceiling this transaction writes, to take effect in memory once it commits.
-    ceiling: Option<u64>,
-    /// Partitions it added to the catalog (forgotten unless it commits), and how many of
-    /// them lie behind a newer one.
-    created: (Vec<crate::partition::PartitionId>, u64),
 }
 
 struct LeaderState {
@@ -85,44 +71,142 @@ impl Writer {
         }
     }
 
-    /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
-    /// compactor's drops); once it committed, `publish` applies its in-memory side, still
-    /// between batches, and the snapshot is refreshed. A failed commit poisons the writer, as
-    /// a batch's would, and publishes nothing.
-    pub(crate) fn exclusive<T>(
-        &self,
-        f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
-        publish: impl FnOnce(&T),
-    ) -> Result<T, Error> {
-        let engine = &*self.engine;
-        let _leader = self.leader.lock();
-        if engine.is_poisoned() {
-            return Err(engine.refusal());
-        }
-        let fail = |e: Error| {
-            engine.poison();
-            match e {
-                Error::Storage(s) => Error::OutcomeUnknown(s),
-                other => other,
+    /// Queues `op`, waits until a durable commit covers it, and returns its answer. The caller
+    /// may lead the commit on its own thread.
+    pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
+        crate::reentry::refuse_reentry()?;
+        let span = write_span(&op);
+        let _span = span.enter();
+        let slot = Slot::new(false);
+        let lead = {
+            let mut queue = self.queue.lock();
+            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
+                self.room.wait(&mut queue);
             }
+            self.check_open(&queue)?;
+            queue.jobs.push_back(Job {
+                op,
+                slot: Arc::clone(&slot),
+            });
+            !std::mem::replace(&mut queue.leader_active, true)
         };
-        let mut txn = engine.db.begin_write().map_err(|e| fail(e.into()))?;
-        txn.set_quick_repair(self.config.quick_repair);
-        let out = match f(&txn) {
-            Ok(out) => out,
-            Err(e) => {
-                // Nothing committed; but a storage error is treated as a failed commit.
-                let _ = txn.abort();
-                return Err(match e {
-                    e @ (Error::Storage(_) | Error::OutcomeUnknown(_)) => fail(e),
-                    other => other,
+        self.wait_for(&slot, lead)
+    }
+
+    /// Queues `ops` together, in order, so that they share commits, and waits for all of
+    /// their answers (in the same order). Waits for room for the first op only: the caller
+    /// bounds how many it queues at once (`consume_batch`'s poll).
+    pub(crate) fn submit_many(&self, ops: Vec<WriteOp>) -> Vec<Result<OpOutput, Error>> {
+        if let Err(e) = crate::reentry::refuse_reentry() {
+            return ops.iter().map(|_| Err(e.clone())).collect();
+        }
+        let slots: Vec<Arc<Slot>> = ops.iter().map(|_| Slot::new(false)).collect();
+        let lead = {
+            let mut queue = self.queue.lock();
+            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
+                self.room.wait(&mut queue);
+            }
+            if let Err(e) = self.check_open(&queue) {
+                return ops.iter().map(|_| Err(e.clone())).collect();
+            }
+            for (op, slot) in ops.into_iter().zip(&slots) {
+                queue.jobs.push_back(Job {
+                    op,
+                    slot: Arc::clone(slot),
                 });
             }
+            !std::mem::replace(&mut queue.leader_active, true)
         };
-        txn.commit().map_err(|e| fail(e.into()))?;
-        publish(&out);
-        engine.snapshots.refresh();
-        Ok(out)
+        // Answered in queue order: leadership is only ever handed to the first op still
+        // waiting, which is the one waited for here.
+        slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| self.wait_for(slot, lead && i == 0))
+            .collect()
+    }
+
+    /// Waits for `slot`'s answer, leading a batch first if `lead`, or when leadership is
+    /// handed to it.
+    fn wait_for(&self, slot: &Slot, mut lead: bool) -> Result<OpOutput, Error> {
+        loop {
+            if lead {
+                self.lead();
+            }
+            let mut inner = slot.inner.lock();
+            loop {
+                match std::mem::replace(&mut inner.state, SlotState::Taken) {
+                    SlotState::Done(result) => {
+                        let next = std::mem::take(&mut inner.wake_next);
+                        drop(inner);
+                        next.iter().for_each(|s| s.wake());
+                        return result;
+                    }
+                    SlotState::Lead => {
+                        lead = true;
+                        break;
+                    }
+                    waiting => {
+                        inner.state = waiting;
+                        slot.cv.wait(&mut inner);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Commits one batch (which holds the leader's own op, if it has one) and passes
+    /// leadership on.
+    fn lead(&self) {
+        let (batch, room) = {
+            let mut queue = self.queue.lock();
+            let n = queue.jobs.len().min(self.config.max_batch.max(1));
+            let batch: Vec<Job> = queue.jobs.drain(..n).collect();
+            (batch, std::mem::take(&mut queue.room_wakers))
+        };
+        self.room.notify_all();
+        room.into_iter().for_each(Waker::wake);
+        let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
+        let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
+            Ok(results) => results,
+            Err(_) => {
+                // A bug in the engine or in redb: the file's state is unknown to us.
+                self.engine.poison();
+                let e = Error::Poisoned("the writer panicked during a commit".into());
+                slots.iter().map(|_| Err(e.clone())).collect()
+            }
+        };
+        self.answer(slots, results);
+        let mut queue = self.queue.lock();
+        match queue.jobs.front() {
+            Some(next) if next.slot.is_async() => {
+                queue.committer_requested = true;
+                self.committer.notify_one();
+            }
+            Some(next) => next.slot.set(SlotState::Lead),
+            None => queue.leader_active = false,
+        }
+    }
+
+    /// Delivers a batch's answers. Async callers are woken directly; sync callers form a
+    /// binary tree in which every caller, on reading its answer, wakes its two children.
+    fn answer(&self, slots: Vec<Arc<Slot>>, results: Vec<Result<OpOutput, Error>>) {
+        let (sync, asynchronous): (Vec<_>, Vec<_>) = slots
+            .into_iter()
+            .zip(results)
+            .partition(|(slot, _)| !slot.is_async());
+        for (slot, result) in asynchronous {
+            if let Some(orphan) = slot.deliver(result) {
+                self.release_detached(&orphan);
+            }
+        }
+        let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
+        for (i, (slot, result)) in sync.into_iter().enumerate() {
+            let children = tree.iter().skip(2 * i + 2).take(2).cloned().collect();
+            slot.set_quietly(SlotState::Done(result), children);
+        }
+        // Roots last: nobody is woken before every answer is in place.
+        tree.iter().take(2).for_each(|s| s.wake());
     }
 
     fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
@@ -144,7 +228,8 @@ impl Writer {
         let now_ms = engine.clock.now_ms();
         engine.layout.note_write_time(now_ms);
         let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
-        let segments = segments(&batch);
+        let closures: Vec<bool> = batch.iter().map(|j| j.op.runs_closure()).collect();
+        let segments = segments(&closures);
         let mut ops = batch.into_iter().map(|j| j.op);
         let mut results: Vec<Result<OpOutput, Error>> = Vec::with_capacity(n);
         let mut changed: Vec<bool> = Vec::with_capacity(n);
@@ -161,7 +246,14 @@ impl Writer {
                 next_token,
                 limits: &engine.limits,
             };
-            let segment = self.apply_segment(seg_ops, durable, &mut ctx, *token_ceiling);
+            let segment = apply_segment(
+                engine,
+                self.config.quick_repair,
+                seg_ops,
+                durable,
+                &mut ctx,
+                *token_ceiling,
+            );
             let Segment {
                 txn,
                 applied,
@@ -245,46 +337,6 @@ impl Writer {
         results
     }
 
-    /// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.
-    fn apply_segment(
-        &self,
-        ops: Vec<WriteOp>,
-        durable: bool,
-        ctx: &mut Ctx<'_>,
-        token_ceiling: u64,
-    ) -> Result<Segment, Error> {
-        let mut txn = self.engine.db.begin_write()?;
-        if !durable {
-            txn.set_durability(Durability::None)?;
-        } else if self.config.quick_repair {
-            txn.set_quick_repair(true);
-        }
-        let mut applied = Vec::with_capacity(ops.len());
-        let created = {
-            let mut records = Records::open(&txn, &self.engine.layout)?;
-            for op in ops {
-                applied.push(apply(op, &txn, &mut records, ctx));
-            }
-            records.created_partitions()
-        };
-        // Every token in a committed record must be below a ceiling committed with it (or
-        // before it). Tokens of an acquisition that rolls back are skipped, never exposed.
-        let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
-        let mut ceiling = None;
-        if commits && *ctx.next_token > token_ceiling {
-            let raised = ctx.next_token.saturating_add(TOKEN_BLOCK);
-            txn.open_table(META)?
-                .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
-            ceiling = Some(raised);
-        }
-        Ok(Segment {
-            txn,
-            applied,
-            ceiling,
-            created,
-        })
-    }
-
     /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
     /// what the batch did is durable. Writes are refused from now on.
     fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
@@ -300,11 +352,12 @@ impl Writer {
 }
 
 /// Splits a batch into transactions: runs of plain ops share one; each closure op has its own.
-fn segments(batch: &[Job]) -> Vec<Range<usize>> {
+/// `runs_closure[i]` says whether op `i` of the batch runs caller code.
+fn segments(runs_closure: &[bool]) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
     let mut start = 0;
-    for (i, job) in batch.iter().enumerate() {
-        if job.op.runs_closure() {
+    for (i, &closure) in runs_closure.iter().enumerate() {
+        if closure {
             if start < i {
                 out.push(start..i);
             }
@@ -312,8 +365,54 @@ fn segments(batch: &[Job]) -> Vec<Range<usize>> {
             start = i + 1;
         }
     }
-    if start < batch.len() {
-        out.push(start..batch.len());
+    if start < runs_closure.len() {
+        out.push(start..runs_closure.len());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segments;
+
+    #[test]
+    fn the_design_example_splits_into_four_transactions() {
+        // [R, R, X, F, C] with X and C closure ops (design.md §5.3).
+        let closures = [false, false, true, false, true];
+        assert_eq!(segments(&closures), [0..2, 2..3, 3..4, 4..5]);
+    }
+
+    #[test]
+    fn plain_ops_share_one_transaction_and_closures_get_their_own() {
+        assert!(segments(&[]).is_empty());
+        assert_eq!(segments(&[false; 5]), vec![(0..5)]);
+        assert_eq!(segments(&[true; 3]), [0..1, 1..2, 2..3]);
+        assert_eq!(segments(&[true, false, false]), [0..1, 1..3]);
+        assert_eq!(segments(&[false, true]), [0..1, 1..2]);
+    }
+
+    #[test]
+    fn every_op_is_in_exactly_one_segment_in_order() {
+        let mut state = 0x9e37_79b9_u64;
+        for len in 0..40 {
+            let closures: Vec<bool> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state.is_multiple_of(3)
+                })
+                .collect();
+            let segs = segments(&closures);
+            let flat: Vec<usize> = segs.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(flat, (0..len).collect::<Vec<_>>());
+            for r in &segs {
+                assert!(!r.is_empty());
+                // A closure op is alone; a longer run holds plain ops only.
+                if r.len() > 1 {
+                    assert!(r.clone().all(|i| !closures[i]));
+                }
+            }
+        }
+    }
 }

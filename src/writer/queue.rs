@@ -1,14 +1,14 @@
-//! The write queue and leadership: who commits, who waits, and how callers are answered.
+//! The write queue: queued jobs, the slots callers are answered in, the futures of async
+//! callers, and the committer thread that leads for them.
 //!
 //! Invariant: `leader_active` is false only while the queue is empty. So a caller that finds no
 //! leader has its op first in line, and a leader's own op is always in the batch it takes.
-//! Sync callers lead on their own thread. Async callers never block their executor: when one
-//! is first in line with no leader, the committer thread leads for it.
+//! Sync callers lead on their own thread (writer/mod.rs). Async callers never block their
+//! executor: when one is first in line with no leader, the committer thread leads for it.
 
 use crate::observe::{Span, write_span};
 use std::collections::VecDeque;
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -23,30 +23,30 @@ use crate::writer::op::{OpOutput, WriteOp};
 
 #[derive(Default)]
 pub(crate) struct Queue {
-    jobs: VecDeque<Job>,
-    leader_active: bool,
+    pub(super) jobs: VecDeque<Job>,
+    pub(super) leader_active: bool,
     /// The committer thread should lead the next batch.
-    committer_requested: bool,
+    pub(super) committer_requested: bool,
     shutdown: bool,
     /// Async callers waiting for room in a full queue.
-    room_wakers: Vec<Waker>,
+    pub(super) room_wakers: Vec<Waker>,
 }
 
 pub(crate) struct Job {
     pub(crate) op: WriteOp,
-    slot: Arc<Slot>,
+    pub(super) slot: Arc<Slot>,
 }
 
 /// Where one caller's answer is delivered.
 #[derive(Default)]
-struct Slot {
-    inner: Mutex<SlotInner>,
-    cv: parking_lot::Condvar,
+pub(super) struct Slot {
+    pub(super) inner: Mutex<SlotInner>,
+    pub(super) cv: parking_lot::Condvar,
 }
 
 #[derive(Default)]
-struct SlotInner {
-    state: SlotState,
+pub(super) struct SlotInner {
+    pub(super) state: SlotState,
     /// Set for an async caller: woken instead of the condvar.
     waker: Option<Waker>,
     is_async: bool,
@@ -55,12 +55,13 @@ struct SlotInner {
     abandoned: bool,
     /// Sync callers of the same batch that this caller wakes once it has its answer: the
     /// leader wakes two, each of them two more, so the leader is not busy waking a whole batch
-    /// one by one (each wake-up is a hypervisor exit on this kind of VM).
-    wake_next: Vec<Arc<Slot>>,
+    /// one by one (a cross-thread wake-up costs about as much as a small fsync on VMs whose
+    /// idle CPUs halt).
+    pub(super) wake_next: Vec<Arc<Slot>>,
 }
 
 #[derive(Default)]
-enum SlotState {
+pub(super) enum SlotState {
     #[default]
     Waiting,
     /// The previous leader handed leadership to this (sync) caller.
@@ -71,7 +72,7 @@ enum SlotState {
 }
 
 impl Slot {
-    fn new(is_async: bool) -> Arc<Slot> {
+    pub(super) fn new(is_async: bool) -> Arc<Slot> {
         Arc::new(Slot {
             inner: Mutex::new(SlotInner {
                 is_async,
@@ -81,24 +82,24 @@ impl Slot {
         })
     }
 
-    fn is_async(&self) -> bool {
+    pub(super) fn is_async(&self) -> bool {
         self.inner.lock().is_async
     }
 
     /// Stores the answer without waking anyone: the wake-up tree does that.
-    fn set_quietly(&self, state: SlotState, wake_next: Vec<Arc<Slot>>) {
+    pub(super) fn set_quietly(&self, state: SlotState, wake_next: Vec<Arc<Slot>>) {
         let mut inner = self.inner.lock();
         inner.state = state;
         inner.wake_next = wake_next;
     }
 
-    fn wake(&self) {
+    pub(super) fn wake(&self) {
         self.cv.notify_one();
     }
 
     /// Delivers an async caller's answer; returns the reservation it acquired if the caller
     /// is gone (it must be released).
-    fn deliver(&self, result: Result<OpOutput, Error>) -> Option<Reservation> {
+    pub(super) fn deliver(&self, result: Result<OpOutput, Error>) -> Option<Reservation> {
         // One lock for the look and the store: a future dropped in between would otherwise
         // leave the answer unread.
         let waker = {
@@ -115,7 +116,7 @@ impl Slot {
         None
     }
 
-    fn set(&self, state: SlotState) {
+    pub(super) fn set(&self, state: SlotState) {
         let waker = {
             let mut inner = self.inner.lock();
             inner.state = state;
@@ -129,90 +130,6 @@ impl Slot {
 }
 
 impl Writer {
-    /// Queues `op`, waits until a durable commit covers it, and returns its answer. The caller
-    /// may lead the commit on its own thread.
-    pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
-        crate::reentry::refuse_reentry()?;
-        let span = write_span(&op);
-        let _span = span.enter();
-        let slot = Slot::new(false);
-        let lead = {
-            let mut queue = self.queue.lock();
-            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
-                self.room.wait(&mut queue);
-            }
-            self.check_open(&queue)?;
-            queue.jobs.push_back(Job {
-                op,
-                slot: Arc::clone(&slot),
-            });
-            !std::mem::replace(&mut queue.leader_active, true)
-        };
-        self.wait_for(&slot, lead)
-    }
-
-    /// Queues `ops` together, in order, so that they share commits, and waits for all of
-    /// their answers (in the same order). Waits for room for the first op only: the caller
-    /// bounds how many it queues at once (`consume_batch`'s poll).
-    pub(crate) fn submit_many(&self, ops: Vec<WriteOp>) -> Vec<Result<OpOutput, Error>> {
-        if let Err(e) = crate::reentry::refuse_reentry() {
-            return ops.iter().map(|_| Err(e.clone())).collect();
-        }
-        let slots: Vec<Arc<Slot>> = ops.iter().map(|_| Slot::new(false)).collect();
-        let lead = {
-            let mut queue = self.queue.lock();
-            while queue.jobs.len() >= self.config.max_queue && !self.refusing(&queue) {
-                self.room.wait(&mut queue);
-            }
-            if let Err(e) = self.check_open(&queue) {
-                return ops.iter().map(|_| Err(e.clone())).collect();
-            }
-            for (op, slot) in ops.into_iter().zip(&slots) {
-                queue.jobs.push_back(Job {
-                    op,
-                    slot: Arc::clone(slot),
-                });
-            }
-            !std::mem::replace(&mut queue.leader_active, true)
-        };
-        // Answered in queue order: leadership is only ever handed to the first op still
-        // waiting, which is the one waited for here.
-        slots
-            .iter()
-            .enumerate()
-            .map(|(i, slot)| self.wait_for(slot, lead && i == 0))
-            .collect()
-    }
-
-    /// Waits for `slot`'s answer, leading a batch first if `lead`, or when leadership is
-    /// handed to it.
-    fn wait_for(&self, slot: &Slot, mut lead: bool) -> Result<OpOutput, Error> {
-        loop {
-            if lead {
-                self.lead();
-            }
-            let mut inner = slot.inner.lock();
-            loop {
-                match std::mem::replace(&mut inner.state, SlotState::Taken) {
-                    SlotState::Done(result) => {
-                        let next = std::mem::take(&mut inner.wake_next);
-                        drop(inner);
-                        next.iter().for_each(|s| s.wake());
-                        return result;
-                    }
-                    SlotState::Lead => {
-                        lead = true;
-                        break;
-                    }
-                    waiting => {
-                        inner.state = waiting;
-                        slot.cv.wait(&mut inner);
-                    }
-                }
-            }
-        }
-    }
-
     /// Queues `op` for an async caller; the future resolves once a durable commit covers it.
     /// Dropping the future does not withdraw a queued op: it still runs, unanswered.
     pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
@@ -229,11 +146,11 @@ impl Writer {
         self.queue.lock().jobs.len()
     }
 
-    fn refusing(&self, queue: &Queue) -> bool {
+    pub(super) fn refusing(&self, queue: &Queue) -> bool {
         queue.shutdown || self.engine.is_poisoned()
     }
 
-    fn check_open(&self, queue: &Queue) -> Result<(), Error> {
+    pub(super) fn check_open(&self, queue: &Queue) -> Result<(), Error> {
         if self.engine.is_poisoned() {
             return Err(self.engine.refusal());
         }
@@ -243,63 +160,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Commits one batch (which holds the leader's own op, if it has one) and passes
-    /// leadership on.
-    fn lead(&self) {
-        let (batch, room) = {
-            let mut queue = self.queue.lock();
-            let n = queue.jobs.len().min(self.config.max_batch.max(1));
-            let batch: Vec<Job> = queue.jobs.drain(..n).collect();
-            (batch, std::mem::take(&mut queue.room_wakers))
-        };
-        self.room.notify_all();
-        room.into_iter().for_each(Waker::wake);
-        let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
-        let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
-            Ok(results) => results,
-            Err(_) => {
-                // A bug in the engine or in redb: the file's state is unknown to us.
-                self.engine.poison();
-                let e = Error::Poisoned("the writer panicked during a commit".into());
-                slots.iter().map(|_| Err(e.clone())).collect()
-            }
-        };
-        self.answer(slots, results);
-        let mut queue = self.queue.lock();
-        match queue.jobs.front() {
-            Some(next) if next.slot.is_async() => {
-                queue.committer_requested = true;
-                self.committer.notify_one();
-            }
-            Some(next) => next.slot.set(SlotState::Lead),
-            None => queue.leader_active = false,
-        }
-    }
-
-    /// Delivers a batch's answers. Async callers are woken directly; sync callers form a
-    /// binary tree in which every caller, on reading its answer, wakes its two children.
-    fn answer(&self, slots: Vec<Arc<Slot>>, results: Vec<Result<OpOutput, Error>>) {
-        let (sync, asynchronous): (Vec<_>, Vec<_>) = slots
-            .into_iter()
-            .zip(results)
-            .partition(|(slot, _)| !slot.is_async());
-        for (slot, result) in asynchronous {
-            if let Some(orphan) = slot.deliver(result) {
-                self.release_detached(&orphan);
-            }
-        }
-        let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
-        for (i, (slot, result)) in sync.into_iter().enumerate() {
-            let children = tree.iter().skip(2 * i + 2).take(2).cloned().collect();
-            slot.set_quietly(SlotState::Done(result), children);
-        }
-        // Roots last: nobody is woken before every answer is in place.
-        tree.iter().take(2).for_each(|s| s.wake());
-    }
-
     /// Queues the release of an acquisition nobody will receive, with no one waiting for it;
     /// the committer leads for it if no leader is active.
-    fn release_detached(&self, reservation: &Reservation) {
+    pub(super) fn release_detached(&self, reservation: &Reservation) {
         let mut queue = self.queue.lock();
         if queue.shutdown && !queue.leader_active {
             return; // Closed: nobody would commit it; the lease runs out instead.

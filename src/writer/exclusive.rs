@@ -1,0 +1,49 @@
+//! Work that must run between the writer's batches with a durable commit of its own: the
+//! compactor's steps.
+
+use redb::WriteTransaction;
+
+use super::Writer;
+use crate::error::Error;
+
+impl Writer {
+    /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
+    /// compactor's drops); once it committed, `publish` applies its in-memory side, still
+    /// between batches, and the snapshot is refreshed. A failed commit poisons the writer, as
+    /// a batch's would, and publishes nothing.
+    pub(crate) fn exclusive<T>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
+        publish: impl FnOnce(&T),
+    ) -> Result<T, Error> {
+        let engine = &*self.engine;
+        let _leader = self.leader.lock();
+        if engine.is_poisoned() {
+            return Err(engine.refusal());
+        }
+        let fail = |e: Error| {
+            engine.poison();
+            match e {
+                Error::Storage(s) => Error::OutcomeUnknown(s),
+                other => other,
+            }
+        };
+        let mut txn = engine.db.begin_write().map_err(|e| fail(e.into()))?;
+        txn.set_quick_repair(self.config.quick_repair);
+        let out = match f(&txn) {
+            Ok(out) => out,
+            Err(e) => {
+                // Nothing committed; but a storage error is treated as a failed commit.
+                let _ = txn.abort();
+                return Err(match e {
+                    e @ (Error::Storage(_) | Error::OutcomeUnknown(_)) => fail(e),
+                    other => other,
+                });
+            }
+        };
+        txn.commit().map_err(|e| fail(e.into()))?;
+        publish(&out);
+        engine.snapshots.refresh();
+        Ok(out)
+    }
+}
