@@ -8,16 +8,16 @@ use redb::{Database, ReadTransaction, ReadableDatabase};
 
 use crate::builder::{Builder, FileSize};
 use crate::clock::Clock;
-use crate::compactor::{CompactionReport, Compactor, compact};
 use crate::config::{Limits, WriterConfig};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
-use crate::locate::Layout;
 use crate::meta::{self, INFLIGHT};
 use crate::record::Record;
 use crate::reentry::refuse_reentry;
 use crate::retention::Retention;
+use crate::retention::compactor::{CompactionReport, Compactor, compact};
+use crate::retention::locate::Layout;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::Stats;
 use crate::timer::Timer;

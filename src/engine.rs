@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::config::Limits;
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
-use crate::locate::Layout;
+use crate::retention::locate::Layout;
 use crate::snapshot::Snapshots;
 use crate::stats::StatsCollector;
 use crate::wait::WaitRegistry;

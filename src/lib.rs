@@ -27,7 +27,6 @@
 
 mod builder;
 mod clock;
-mod compactor;
 mod config;
 mod db;
 mod decide;
@@ -36,18 +35,14 @@ mod engine;
 mod error;
 mod fingerprint;
 mod guard;
-mod horizon;
 #[cfg(feature = "http")]
 pub mod http;
 mod inbox;
-mod key_index;
-mod locate;
 mod measured;
 mod meta;
 mod observe;
 mod ops;
 mod outcome;
-mod partition;
 mod record;
 mod reentry;
 mod retention;
@@ -71,7 +66,6 @@ pub use redb;
 
 pub use builder::Builder;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use compactor::CompactionReport;
 pub use config::{Limits, WriterConfig};
 pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError};
@@ -80,6 +74,7 @@ pub use guard::{Guarded, Upserted, Versioned};
 pub use inbox::Consumed;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use record::{Record, RecordState};
+pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};
 pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};

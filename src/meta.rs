@@ -7,10 +7,11 @@ use redb::{
 
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
-use crate::horizon::HORIZON;
-use crate::partition::Partition;
 use crate::record::{Record, RecordState};
 use crate::retention::Rules;
+use crate::retention::horizon::HORIZON;
+use crate::retention::locate::Layout;
+use crate::retention::records::Records;
 use crate::scope::RecordKey;
 
 /// Prefix of every table idemdb owns; callers' business tables may not use it.
@@ -56,7 +57,7 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
             upgrade_from_1(db)?;
         }
         if version <= 2 {
-            upgrade_from_2(db, rules)?;
+            upgrade_from_2(db, rules, meta.index_seed)?;
         }
         return Ok(meta);
     }
@@ -126,41 +127,26 @@ fn upgrade_from_1(db: &Database) -> Result<(), Error> {
 }
 
 /// Version 2 → 3: every record gets its expiry under today's retention and is rewritten in the
-/// current record version; finished records move to the time partition of their last change,
-/// the format-2 records table is dropped. One durable transaction, as above.
-fn upgrade_from_2(db: &Database, rules: &Rules) -> Result<(), Error> {
+/// current record version, through the writer's record store: finished records move to the
+/// time partition of their last change, the format-2 records table is dropped. One durable
+/// transaction, as above.
+fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> {
+    // A scratch layout: the real one is loaded from the upgraded tables afterwards.
+    let layout = Layout::empty(rules.clone(), seed);
     let txn = db.begin_write()?;
     {
-        let records = txn.open_table(RECORDS)?;
-        let mut parts = std::collections::HashMap::new();
-        for entry in records.iter()? {
+        let old = txn.open_table(RECORDS)?;
+        let mut records = Records::open(&txn, &layout)?;
+        let mut rewrite = records.in_flight()?;
+        for entry in old.iter()? {
             let (k, v) = entry?;
-            let key = RecordKey::from_stored(k.value());
-            let mut rec = Record::decode(v.value())?;
-            let ttl = rules.ttl_ms(&key);
-            rec.expires_at = rec.updated_at.saturating_add(ttl);
-            let start = rec.updated_at - rec.updated_at % rules.width_ms.max(1);
-            let name = Partition::name_for(start, rules.width_ms, ttl);
-            let part = match parts.entry(name) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(e.key()))?;
-                    e.insert(table)
-                }
-            };
-            part.insert(k.value(), rec.encode().as_slice())?;
+            rewrite.push((
+                RecordKey::from_stored(k.value()),
+                Record::decode(v.value())?,
+            ));
         }
-        let mut inflight = txn.open_table(INFLIGHT)?;
-        let mut rewritten = Vec::new();
-        for entry in inflight.iter()? {
-            let (k, v) = entry?;
-            let key = RecordKey::from_stored(k.value());
-            let mut rec = Record::decode(v.value())?;
-            rec.expires_at = rec.lease_expires_at.saturating_add(rules.ttl_ms(&key));
-            rewritten.push((k.value().to_vec(), rec.encode()));
-        }
-        for (k, v) in rewritten {
-            inflight.insert(k.as_slice(), v.as_slice())?;
+        for (key, mut rec) in rewrite {
+            records.store(&key, layout.index.hash(key.as_bytes()), &mut rec)?;
         }
         txn.open_table(HORIZON)?;
         txn.open_table(META)?

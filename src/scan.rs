@@ -17,8 +17,8 @@ pub use verify::{Problem, VerifyReport};
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::meta::INFLIGHT;
-use crate::partition::{Partition, partition_tables};
 use crate::record::{Record, RecordState};
+use crate::retention::partition::{PartitionName, partition_tables};
 use crate::scope::{Key, RecordKey, Scope};
 
 /// How often (in entries read) a scan or verification reports its progress.
@@ -227,32 +227,25 @@ fn tables_to_scan(
         tables.push((INFLIGHT.name().to_string(), StoredIn::InFlight));
     }
     if filter.reads_partitions() {
-        tables.extend(
-            partitions(txn)?
-                .into_iter()
-                .map(|(name, start, width, ttl)| {
-                    let stored_in = StoredIn::Partition {
-                        start_ms: start,
-                        width_ms: width,
-                        ttl_ms: ttl,
-                    };
-                    (name, stored_in)
-                }),
-        );
+        tables.extend(partitions(txn)?.into_iter().map(|part| {
+            let stored_in = StoredIn::Partition {
+                start_ms: part.start,
+                width_ms: part.width,
+                ttl_ms: part.ttl,
+            };
+            (part.table_name(), stored_in)
+        }));
     }
     Ok(tables)
 }
 
 /// The partition tables of a transaction, oldest window first, as the catalog orders them.
-pub(crate) fn partitions(txn: &ReadTransaction) -> Result<Vec<(String, u64, u64, u64)>, Error> {
-    let mut parts: Vec<(String, u64, u64, u64)> = partition_tables(txn)?
-        .into_iter()
-        .filter_map(|name| {
-            let (start, width, ttl) = Partition::parse_name(&name)?;
-            Some((name, start, width, ttl))
-        })
+pub(crate) fn partitions(txn: &ReadTransaction) -> Result<Vec<PartitionName>, Error> {
+    let mut parts: Vec<PartitionName> = partition_tables(txn)?
+        .iter()
+        .filter_map(|table| PartitionName::parse(table))
         .collect();
-    parts.sort_by_key(|&(_, start, width, ttl)| (start, width, ttl));
+    parts.sort();
     Ok(parts)
 }
 

@@ -14,10 +14,10 @@ use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
 use crate::error::Error;
-use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, find, get_in};
 use crate::meta::INFLIGHT;
-use crate::partition::{Catalog, Partition};
 use crate::record::Record;
+use crate::retention::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, find, get_in};
+use crate::retention::partition::{Catalog, Partition};
 use crate::scope::RecordKey;
 use crate::shard::{SHARDS, shard_index};
 

@@ -8,10 +8,10 @@ use redb::{
 
 use crate::db::IdemDb;
 use crate::error::Error;
-use crate::horizon::HORIZON;
 use crate::meta::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
-use crate::partition::Partition;
 use crate::record::{Record, RecordState};
+use crate::retention::horizon::{HORIZON, decode_tags, is_source, row_source};
+use crate::retention::partition::PartitionName;
 use crate::scope::RecordKey;
 
 use super::PROGRESS_EVERY;
@@ -107,9 +107,9 @@ impl IdemDb {
         check.catalog(&txn)?;
         check.next_token = check.read_next_token(&txn)?;
         check.records(&txn, INFLIGHT.name(), None)?;
-        for (name, start, width, ttl) in super::partitions(&txn)? {
+        for part in super::partitions(&txn)? {
             check.report.partitions += 1;
-            check.records(&txn, &name, Some((start, width, ttl)))?;
+            check.records(&txn, &part.table_name(), Some(part))?;
         }
         check.horizon(&txn)?;
         let read = check.read;
@@ -149,8 +149,8 @@ impl<P: FnMut(u64)> Check<'_, P> {
             } else if name == RECORDS.name() {
                 let what = "the format-2 records table is still present in a format-3 file";
                 self.problem(&name, None, what.to_string());
-            } else if Partition::is_partition_name(&name) {
-                if Partition::parse_name(&name).is_none() {
+            } else if PartitionName::is_partition_table(&name) {
+                if PartitionName::parse(&name).is_none() {
                     let what = "named like a partition but the name does not parse (start, \
                                 width, ttl): the catalog ignores it, its records are never read";
                     self.problem(&name, None, what.to_string());
@@ -209,12 +209,12 @@ impl<P: FnMut(u64)> Check<'_, P> {
         }
     }
 
-    /// The in-flight table (`part` = `None`) or one partition `(start, width, ttl)`.
+    /// The in-flight table (`part` = `None`) or one partition.
     fn records(
         &mut self,
         txn: &ReadTransaction,
         name: &str,
-        part: Option<(u64, u64, u64)>,
+        part: Option<PartitionName>,
     ) -> Result<(), Error> {
         let table = match txn.open_table(TableDefinition::<&[u8], &[u8]>::new(name)) {
             Ok(table) => table,
@@ -245,7 +245,7 @@ impl<P: FnMut(u64)> Check<'_, P> {
         Ok(())
     }
 
-    fn record(&mut self, name: &str, key: &[u8], rec: &Record, part: Option<(u64, u64, u64)>) {
+    fn record(&mut self, name: &str, key: &[u8], rec: &Record, part: Option<PartitionName>) {
         if rec.is_expired(self.now) {
             self.report.expired_records += 1;
         }
@@ -274,7 +274,7 @@ impl<P: FnMut(u64)> Check<'_, P> {
                 let what = "in_progress record in a partition".to_string();
                 self.problem(name, Some(key), what);
             }
-            Some((start, width, ttl)) => {
+            Some(PartitionName { start, width, ttl }) => {
                 if rec.updated_at >= start.saturating_add(width) {
                     let what = format!(
                         "updated_at {} is after the partition's window [{start}, {})",
@@ -305,29 +305,23 @@ impl<P: FnMut(u64)> Check<'_, P> {
             let (k, v) = row?;
             self.report.horizon_rows += 1;
             let key = k.value();
-            match key.get(8..).map(std::str::from_utf8) {
-                None => self.problem(name, Some(key), format!("row key of {} bytes", key.len())),
-                Some(Err(_)) => {
-                    let what = "row key names no table: not UTF-8".to_string();
-                    self.problem(name, Some(key), what);
-                }
-                Some(Ok(source)) if !is_horizon_source(source) => {
+            match row_source(key) {
+                Err(e) => self.problem(name, Some(key), corrupted_text(e)),
+                Ok(source) if !is_source(source) => {
                     let what = format!("row key names {source:?}, not a partition or a sweep");
                     self.problem(name, Some(key), what);
                 }
-                Some(Ok(_)) => {}
+                Ok(_) => {}
             }
-            let tags = v.value();
-            if !tags.len().is_multiple_of(4) {
-                let what = format!("set of {} bytes is not whole 4-byte tags", tags.len());
-                self.problem(name, Some(key), what);
-                continue;
-            }
-            self.report.horizon_tags += (tags.len() / 4) as u64;
-            let tags = tags
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            if tags.clone().zip(tags.skip(1)).any(|(a, b)| a >= b) {
+            let tags: Vec<u32> = match decode_tags(v.value()) {
+                Ok(tags) => tags.collect(),
+                Err(e) => {
+                    self.problem(name, Some(key), corrupted_text(e));
+                    continue;
+                }
+            };
+            self.report.horizon_tags += tags.len() as u64;
+            if tags.windows(2).any(|w| w[0] >= w[1]) {
                 let what = "tags are not sorted and distinct".to_string();
                 self.problem(name, Some(key), what);
             }
@@ -336,32 +330,10 @@ impl<P: FnMut(u64)> Check<'_, P> {
     }
 }
 
-/// What a horizon row may name: a dropped partition, or a sweep `idemdb_inflight@{now}`.
-fn is_horizon_source(source: &str) -> bool {
-    if Partition::parse_name(source).is_some() {
-        return true;
-    }
-    source
-        .strip_prefix(INFLIGHT.name())
-        .and_then(|rest| rest.strip_prefix('@'))
-        .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn horizon_sources() {
-        assert!(is_horizon_source(&Partition::name_for(1_000, 1_000, 5)));
-        assert!(is_horizon_source("idemdb_inflight@1700000000000"));
-        for bad in [
-            "idemdb_inflight@",
-            "idemdb_inflight@12x",
-            "idemdb_p_1_0_5",
-            "x",
-        ] {
-            assert!(!is_horizon_source(bad), "{bad}");
-        }
+/// The reason of a validation failure, as a problem's text.
+fn corrupted_text(e: Error) -> String {
+    match e {
+        Error::Corrupted(why) => why,
+        other => other.to_string(),
     }
 }

@@ -13,12 +13,12 @@ use redb::{ReadableTable, TableDefinition};
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
 use crate::error::Error;
-use crate::horizon::HORIZON;
 use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-use crate::partition::partition_tables;
 use crate::record::{Record, RecordState};
 use crate::retention::Retention;
+use crate::retention::horizon::HORIZON;
+use crate::retention::partition::partition_tables;
 use crate::scope::{Key, Scope};
 use crate::token::Reservation;
 

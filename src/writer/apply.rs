@@ -3,24 +3,18 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-
-use redb::{Durability, Table, WriteTransaction};
+use redb::{Durability, WriteTransaction};
 
 use crate::config::Limits;
 use crate::decide::{Decision, Replay, check_owner, decide};
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::horizon::tag;
-use crate::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in};
-use crate::meta::INFLIGHT;
 use crate::meta::{META, NEXT_TOKEN_KEY};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-use crate::partition::{Partition, PartitionId};
 use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
-use crate::scope::RecordKey;
+use crate::retention::locate::Found;
+use crate::retention::records::Records;
 use crate::token::{FencingToken, Reservation};
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
@@ -88,128 +82,6 @@ impl Applied {
     }
 }
 
-type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
-
-/// The record tables of one write transaction: the in-flight table, and the partitions it
-/// opened so far (opening a table costs several µs, once per transaction).
-///
-/// Invariant: a key has at most one live record, in the in-flight table or in a partition.
-pub(crate) struct Records<'t> {
-    inflight: Table2<'t>,
-    parts: OpenParts<'t>,
-    layout: &'t Layout,
-    /// Partitions this transaction added to the catalog.
-    created: Vec<PartitionId>,
-    /// Of those, created behind a newer partition of their class (the clock is behind).
-    clock_behind: u64,
-}
-
-/// The partitions a write transaction opened so far.
-struct OpenParts<'t> {
-    txn: &'t WriteTransaction,
-    open: HashMap<PartitionId, Table2<'t>>,
-}
-
-impl<'t> OpenParts<'t> {
-    fn table(&mut self, part: &Partition) -> Result<&mut Table2<'t>, Error> {
-        Ok(match self.open.entry(part.id) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(self.txn.open_table(part.table())?),
-        })
-    }
-}
-
-impl PartitionReader for OpenParts<'_> {
-    fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error> {
-        get_in(self.table(part)?, key)
-    }
-}
-
-impl<'t> Records<'t> {
-    pub(crate) fn open(txn: &'t WriteTransaction, layout: &'t Layout) -> Result<Self, Error> {
-        Ok(Records {
-            inflight: txn.open_table(INFLIGHT)?,
-            parts: OpenParts {
-                txn,
-                open: HashMap::new(),
-            },
-            layout,
-            created: Vec::new(),
-            clock_behind: 0,
-        })
-    }
-
-    /// The partitions this transaction added to the catalog, and how many of them were
-    /// created behind a newer one: the first must be forgotten unless it commits.
-    pub(crate) fn created_partitions(self) -> (Vec<PartitionId>, u64) {
-        (self.created, self.clock_behind)
-    }
-
-    fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
-        let catalog = self.layout.partitions.catalog();
-        let parts = Partitioned {
-            catalog: &catalog,
-            index: &self.layout.index,
-            reader: &mut self.parts,
-        };
-        find(
-            &self.inflight,
-            parts,
-            &Lookup { key, hash, now },
-            Probe::All,
-        )
-    }
-
-    /// Writes `rec` where its state belongs, setting its expiry: an IN_PROGRESS record to the
-    /// in-flight table, a finished one to the current partition of its TTL (and out of the
-    /// in-flight table). A live finished record is never rewritten (an expired copy may be,
-    /// when the key's next record lands in the same partition).
-    fn store(&mut self, key: &RecordKey, hash: u64, rec: &mut Record) -> Result<(), Error> {
-        let rules = &self.layout.rules;
-        let ttl = rules.ttl_ms(key);
-        if rec.state == RecordState::InProgress {
-            rec.expires_at = rec.lease_expires_at.saturating_add(ttl);
-            self.inflight
-                .insert(key.as_bytes(), rec.encode().as_slice())?;
-        } else {
-            rec.expires_at = rec.updated_at.saturating_add(ttl);
-            let placed = self
-                .layout
-                .partitions
-                .place(rec.updated_at, rules.width_ms, ttl);
-            let part = placed.partition;
-            if placed.created {
-                self.created.push(part.id);
-                if placed.behind_newest {
-                    self.clock_behind += 1;
-                    crate::observe::clock_behind(&part.name);
-                }
-            }
-            // Before the write: the index must never miss a stored record.
-            self.layout.index.insert(hash, part.id);
-            self.inflight.remove(key.as_bytes())?;
-            self.parts
-                .table(&part)?
-                .insert(key.as_bytes(), rec.encode().as_slice())?;
-        }
-        Ok(())
-    }
-
-    /// Whether a key about to be acquired as new is a duplicate older than its retention: a
-    /// copy of it expired, or it was dropped and is still recognised.
-    fn beyond_horizon(&self, expired_copy: bool, hash: u64, now: u64) -> bool {
-        expired_copy
-            || (self.layout.rules.horizon_factor > 0
-                && self.layout.horizon.recognises(tag(hash), now))
-    }
-
-    /// Removes an IN_PROGRESS record (release).
-    fn remove(&mut self, key: &RecordKey) -> Result<(), Error> {
-        self.inflight.remove(key.as_bytes())?;
-        Ok(())
-    }
-}
-
 /// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
 /// when issued tokens reach it, so most batches skip the meta write. After a reopen, tokens
 /// resume at the ceiling; up to this many are skipped, never reused.
@@ -223,7 +95,7 @@ pub(super) struct Segment {
     pub(super) ceiling: Option<u64>,
     /// Partitions it added to the catalog (forgotten unless it commits), and how many of
     /// them lie behind a newer one.
-    pub(super) created: (Vec<crate::partition::PartitionId>, u64),
+    pub(super) created: (Vec<crate::retention::partition::PartitionId>, u64),
 }
 
 /// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.

@@ -7,15 +7,15 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
 use crate::error::Error;
-use crate::horizon::{HORIZON, Horizon, decode_tags, row_until};
-use crate::key_index::{Candidates, KeyIndex};
 use crate::meta::INFLIGHT;
-use crate::partition::{Catalog, Partition, Partitions, partition_tables};
 use crate::record::Record;
 use crate::retention::Rules;
+use crate::retention::horizon::{HORIZON, Horizon, decode_tags, row_until};
+use crate::retention::key_index::{Candidates, KeyIndex};
+use crate::retention::partition::{Catalog, Partition, Partitions, partition_tables};
 use crate::scope::RecordKey;
 
 /// Retention state shared by the writer, the snapshots and the compactor.
@@ -51,7 +51,11 @@ impl Layout {
             let (k, v) = row?;
             let until = row_until(k.value())?;
             if now < until {
-                horizon.add(decode_tags(v.value())?, until);
+                let tags = decode_tags(v.value()).map_err(|e| match e {
+                    Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", HORIZON.name())),
+                    other => other,
+                })?;
+                horizon.add(tags, until);
             }
         }
         Ok(Layout {
@@ -61,6 +65,17 @@ impl Layout {
             horizon,
             latest_write: AtomicU64::new(latest_write),
         })
+    }
+
+    /// A layout with no partitions, for the format upgrade's record store.
+    pub(crate) fn empty(rules: Rules, seed: u64) -> Layout {
+        Layout {
+            rules,
+            partitions: Partitions::from_names([]),
+            index: KeyIndex::new(seed),
+            horizon: Horizon::default(),
+            latest_write: AtomicU64::new(0),
+        }
     }
 
     /// Called by the writer with the time of a batch, before it writes anything at it.

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::clock::duration_ms;
 use crate::error::{Error, InputError};
+use crate::record::{Record, RecordState};
+use crate::retention::partition::PartitionName;
 use crate::scope::RecordKey;
 
 /// What [`reserve`](crate::IdemDb::reserve) and [`execute`](crate::IdemDb::execute) do with
@@ -167,8 +169,51 @@ impl Rules {
             .unwrap_or(self.default_ttl_ms)
     }
 
-    /// How long after its partition's window a dropped key is still recognised.
-    pub(crate) fn horizon_ms(&self, ttl_ms: u64) -> u64 {
+    /// When `rec`, stored under a TTL of `ttl`, expires: a TTL after its lease ends while
+    /// IN_PROGRESS, a TTL after its last change once finished (saturating).
+    pub(crate) fn expires_at(&self, rec: &Record, ttl: u64) -> u64 {
+        match rec.state {
+            RecordState::InProgress => rec.lease_expires_at.saturating_add(ttl),
+            RecordState::Completed | RecordState::Failed => rec.updated_at.saturating_add(ttl),
+        }
+    }
+
+    /// The partition a finished record last changed at `updated_at` with TTL `ttl` belongs
+    /// to: the one of its own window.
+    pub(crate) fn partition_for(&self, updated_at: u64, ttl: u64) -> PartitionName {
+        let width = self.width_ms.max(1);
+        PartitionName {
+            start: updated_at - updated_at % width,
+            width,
+            ttl,
+        }
+    }
+
+    /// Until when the keys of a dropped partition are recognised: its window's end +
+    /// factor × TTL.
+    pub(crate) fn partition_horizon(&self, part: &PartitionName) -> u64 {
+        part.start
+            .saturating_add(part.width)
+            .saturating_add(self.horizon_ms(part.ttl))
+    }
+
+    /// Until when the key of a swept abandoned IN_PROGRESS record is recognised: its own
+    /// lease end + factor × TTL.
+    pub(crate) fn swept_horizon(&self, rec: &Record, ttl: u64) -> u64 {
+        rec.lease_expires_at.saturating_add(self.horizon_ms(ttl))
+    }
+
+    /// Whether a key removed at `now` with horizon `until` is kept for recognition.
+    pub(crate) fn keeps(&self, until: u64, now: u64) -> bool {
+        self.recognition() && now < until
+    }
+
+    /// Whether removed keys are recognised at all (`horizon_factor > 0`).
+    pub(crate) fn recognition(&self) -> bool {
+        self.horizon_factor > 0
+    }
+
+    fn horizon_ms(&self, ttl_ms: u64) -> u64 {
         ttl_ms.saturating_mul(self.horizon_factor)
     }
 }

@@ -13,9 +13,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
-use redb::TableDefinition;
+use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 use crate::error::Error;
+use crate::meta::INFLIGHT;
+use crate::retention::partition::PartitionName;
 
 pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
 
@@ -38,6 +40,52 @@ pub(crate) fn row_until(key: &[u8]) -> Result<u64, Error> {
         .ok_or_else(|| Error::Corrupted(format!("horizon row key of {} bytes", key.len())))
 }
 
+/// The source a sweep's rows name: `idemdb_inflight@{now}`.
+pub(crate) fn sweep_source(now: u64) -> String {
+    format!("{}@{now}", INFLIGHT.name())
+}
+
+/// The table (or sweep) a row names, from its key.
+pub(crate) fn row_source(key: &[u8]) -> Result<&str, Error> {
+    let name = key
+        .get(8..)
+        .ok_or_else(|| Error::Corrupted(format!("horizon row key of {} bytes", key.len())))?;
+    std::str::from_utf8(name)
+        .map_err(|_| Error::Corrupted("horizon row key names no table: not UTF-8".into()))
+}
+
+/// Whether a row may name `source`: a dropped partition, or a sweep `idemdb_inflight@{now}`.
+pub(crate) fn is_source(source: &str) -> bool {
+    if PartitionName::parse(source).is_some() {
+        return true;
+    }
+    source
+        .strip_prefix(INFLIGHT.name())
+        .and_then(|rest| rest.strip_prefix('@'))
+        .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Writes the set of `tags` recognised until `until`, removed from `source`, merged with a
+/// row already under the same key (two passes at one instant, or a partition of the same
+/// name created again after the clock went back).
+pub(crate) fn write_row(
+    txn: &WriteTransaction,
+    until: u64,
+    source: &str,
+    tags: &[u32],
+) -> Result<(), Error> {
+    let mut table = txn.open_table(HORIZON)?;
+    let key = row_key(until, source);
+    let mut merged = tags.to_vec();
+    if let Some(old) = table.get(key.as_slice())? {
+        merged.extend(decode_tags(old.value())?);
+        merged.sort_unstable();
+        merged.dedup();
+    }
+    table.insert(key.as_slice(), encode_tags(&merged).as_slice())?;
+    Ok(())
+}
+
 pub(crate) fn encode_tags(tags: &[u32]) -> Vec<u8> {
     tags.iter().flat_map(|t| t.to_le_bytes()).collect()
 }
@@ -45,7 +93,7 @@ pub(crate) fn encode_tags(tags: &[u32]) -> Vec<u8> {
 pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_, Error> {
     if !bytes.len().is_multiple_of(4) {
         return Err(Error::Corrupted(format!(
-            "horizon set of {} bytes is not whole tags",
+            "set of {} bytes is not whole 4-byte tags",
             bytes.len()
         )));
     }
@@ -120,9 +168,30 @@ mod tests {
     }
 
     #[test]
+    fn horizon_sources() {
+        let part = PartitionName {
+            start: 1_000,
+            width: 1_000,
+            ttl: 5,
+        };
+        assert!(is_source(&part.table_name()));
+        assert!(is_source(&sweep_source(1_700_000_000_000)));
+        for bad in [
+            "idemdb_inflight@",
+            "idemdb_inflight@12x",
+            "idemdb_p_1_0_5",
+            "x",
+        ] {
+            assert!(!is_source(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn rows_round_trip() {
         let key = row_key(42, "idemdb_p_x");
         assert_eq!(row_until(&key).unwrap(), 42);
+        assert_eq!(row_source(&key).unwrap(), "idemdb_p_x");
+        assert!(row_source(&key[..7]).is_err());
         assert!(row_until(&key[..7]).is_err());
         let tags = [7, u32::MAX, 0];
         let back: Vec<u32> = decode_tags(&encode_tags(&tags)).unwrap().collect();

@@ -15,7 +15,7 @@ use std::hash::{BuildHasher, Hasher};
 
 use parking_lot::RwLock;
 
-use crate::partition::PartitionId;
+use crate::retention::partition::PartitionId;
 
 const SHARDS: usize = 64;
 /// Slot value meaning "probe every partition".

@@ -22,40 +22,36 @@ const PREFIX: &str = "idemdb_p_";
 /// 4 billion partitions were created in one process.
 pub(crate) type PartitionId = u32;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Partition {
-    pub(crate) id: PartitionId,
-    pub(crate) name: String,
-    /// Start of the window of last change, ms since the epoch.
+/// What names a partition: its window of last change and the TTL of every record in it, all
+/// in ms. Its table is `idemdb_p_{start:020}_{width}_{ttl}`, so tables sort by window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PartitionName {
+    /// Start of the window, ms since the epoch.
     pub(crate) start: u64,
     pub(crate) width: u64,
-    /// The TTL of every record in it.
     pub(crate) ttl: u64,
 }
 
-impl Partition {
-    pub(crate) fn name_for(start: u64, width: u64, ttl: u64) -> String {
-        format!("{PREFIX}{start:020}_{width}_{ttl}")
+impl PartitionName {
+    pub(crate) fn table_name(&self) -> String {
+        format!("{PREFIX}{:020}_{}_{}", self.start, self.width, self.ttl)
     }
 
-    /// The parts of a partition's table name; `None` for any other table.
-    pub(crate) fn parse_name(name: &str) -> Option<(u64, u64, u64)> {
-        let mut parts = name.strip_prefix(PREFIX)?.split('_');
+    /// The name of a partition table; `None` for any other table.
+    pub(crate) fn parse(table: &str) -> Option<PartitionName> {
+        let mut parts = table.strip_prefix(PREFIX)?.split('_');
         let start = parts.next()?.parse().ok()?;
         let width: u64 = parts.next()?.parse().ok()?;
         let ttl: u64 = parts.next()?.parse().ok()?;
         if parts.next().is_some() || width == 0 || ttl == 0 {
             return None;
         }
-        Some((start, width, ttl))
+        Some(PartitionName { start, width, ttl })
     }
 
-    pub(crate) fn is_partition_name(name: &str) -> bool {
-        name.starts_with(PREFIX)
-    }
-
-    pub(crate) fn table(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
-        TableDefinition::new(&self.name)
+    /// Whether `table` carries the partition prefix (well formed or not).
+    pub(crate) fn is_partition_table(table: &str) -> bool {
+        table.starts_with(PREFIX)
     }
 
     /// When every record in it has expired.
@@ -66,13 +62,28 @@ impl Partition {
     }
 }
 
+/// A partition of the catalog: its name, and its in-process id for the key index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partition {
+    pub(crate) id: PartitionId,
+    pub(crate) name: PartitionName,
+    /// `name`'s table name.
+    pub(crate) table: String,
+}
+
+impl Partition {
+    pub(crate) fn table(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+        TableDefinition::new(&self.table)
+    }
+}
+
 /// The names of the partition tables in `txn`: the tables are the catalog, there is no other
 /// list to keep in step.
 pub(crate) fn partition_tables(txn: &ReadTransaction) -> Result<Vec<String>, Error> {
     Ok(txn
         .list_tables()?
         .map(|t| t.name().to_string())
-        .filter(|n| Partition::is_partition_name(n))
+        .filter(|n| PartitionName::is_partition_table(n))
         .collect())
 }
 
@@ -85,7 +96,7 @@ pub(crate) struct Catalog {
 
 impl Catalog {
     fn new(mut parts: Vec<Arc<Partition>>) -> Catalog {
-        parts.sort_by_key(|p| (p.start, p.width, p.ttl));
+        parts.sort_by_key(|p| p.name);
         let positions = parts.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
         Catalog { parts, positions }
     }
@@ -126,18 +137,13 @@ impl Partitions {
     pub(crate) fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Partitions {
         let parts: Vec<Arc<Partition>> = names
             .into_iter()
-            .filter_map(|name| {
-                let (start, width, ttl) = Partition::parse_name(name)?;
-                Some((name.to_string(), start, width, ttl))
-            })
+            .filter_map(|table| Some((PartitionName::parse(table)?, table.to_string())))
             .enumerate()
-            .map(|(i, (name, start, width, ttl))| {
+            .map(|(i, (name, table))| {
                 Arc::new(Partition {
                     id: i as PartitionId + 1,
                     name,
-                    start,
-                    width,
-                    ttl,
+                    table,
                 })
             })
             .collect();
@@ -152,30 +158,29 @@ impl Partitions {
         Arc::clone(&self.current.read())
     }
 
-    /// The partition a record last changed at `now` with TTL `ttl` goes to: the one of its
-    /// own window, created if needed, and whether it was created. Called by the writer only,
-    /// so the catalog cannot change between the look and the install.
+    /// The partition `name` (a record's own window: `Rules::partition_for`), created if
+    /// needed, and whether it was created. Called by the writer only, so the catalog cannot
+    /// change between the look and the install.
     ///
     /// Always the record's own window, even when a newer partition of its class exists (the
     /// clock went back, or once jumped ahead): a record placed in a future window would keep
     /// that whole partition, and every later record put beside it, until the future date.
-    pub(crate) fn place(&self, now: u64, width: u64, ttl: u64) -> Placement {
-        let window = now - now % width.max(1);
+    pub(crate) fn place(&self, name: PartitionName) -> Placement {
         let catalog = self.catalog();
         // The current window is the newest one almost always: search from the end.
         let mut newer_exists = false;
         for p in catalog.parts.iter().rev() {
-            if p.width != width || p.ttl != ttl {
+            if p.name.width != name.width || p.name.ttl != name.ttl {
                 continue;
             }
-            if p.start == window {
+            if p.name.start == name.start {
                 return Placement {
                     partition: Arc::clone(p),
                     created: false,
                     behind_newest: newer_exists,
                 };
             }
-            newer_exists |= p.start > window;
+            newer_exists |= p.name.start > name.start;
         }
         let id = {
             let mut next = self.next_id.write();
@@ -190,10 +195,8 @@ impl Partitions {
         };
         let part = Arc::new(Partition {
             id,
-            name: Partition::name_for(window, width, ttl),
-            start: window,
-            width,
-            ttl,
+            table: name.table_name(),
+            name,
         });
         let mut parts = catalog.parts.clone();
         parts.push(Arc::clone(&part));
@@ -222,15 +225,25 @@ impl Partitions {
 mod tests {
     use super::*;
 
+    fn name(start: u64, width: u64, ttl: u64) -> PartitionName {
+        PartitionName { start, width, ttl }
+    }
+
+    /// The partition a record changed at `t` goes to (as `Rules::partition_for`).
+    fn window(t: u64, width: u64, ttl: u64) -> PartitionName {
+        name(t - t % width, width, ttl)
+    }
+
     #[test]
     fn names_round_trip_and_sort_by_window() {
-        let a = Partition::name_for(3_600_000, 3_600_000, 60_000);
-        assert_eq!(a, "idemdb_p_00000000000003600000_3600000_60000");
+        let a = name(3_600_000, 3_600_000, 60_000);
         assert_eq!(
-            Partition::parse_name(&a),
-            Some((3_600_000, 3_600_000, 60_000))
+            a.table_name(),
+            "idemdb_p_00000000000003600000_3600000_60000"
         );
-        assert!(Partition::name_for(999, 1, 1) < Partition::name_for(1000, 1, 1));
+        assert_eq!(PartitionName::parse(&a.table_name()), Some(a));
+        assert!(name(999, 1, 1).table_name() < name(1000, 1, 1).table_name());
+        assert!(name(999, 1, 1) < name(1000, 1, 1));
         for bad in [
             "idemdb_p_1_2",
             "idemdb_p_1_0_5",
@@ -238,31 +251,31 @@ mod tests {
             "idemdb_p_1_1_1_1",
             "t",
         ] {
-            assert_eq!(Partition::parse_name(bad), None, "{bad}");
+            assert_eq!(PartitionName::parse(bad), None, "{bad}");
         }
     }
 
     #[test]
     fn placement_follows_the_window_even_when_the_clock_went_back() {
         let parts = Partitions::from_names([]);
-        let a = parts.place(10_500, 1_000, 50);
+        let a = parts.place(window(10_500, 1_000, 50));
         assert!(a.created && !a.behind_newest);
         let a = a.partition;
-        assert_eq!((a.start, a.drop_at()), (10_000, 11_050));
-        let again = parts.place(10_999, 1_000, 50);
+        assert_eq!((a.name.start, a.name.drop_at()), (10_000, 11_050));
+        let again = parts.place(window(10_999, 1_000, 50));
         assert_eq!(again.partition.id, a.id);
         assert!(!again.created);
-        let other_ttl = parts.place(10_999, 1_000, 70).partition;
+        let other_ttl = parts.place(window(10_999, 1_000, 70)).partition;
         assert_ne!(other_ttl.id, a.id);
-        let b = parts.place(11_000, 1_000, 50).partition;
-        assert_eq!(b.start, 11_000);
-        let back = parts.place(10_200, 1_000, 50);
+        let b = parts.place(window(11_000, 1_000, 50)).partition;
+        assert_eq!(b.name.start, 11_000);
+        let back = parts.place(window(10_200, 1_000, 50));
         assert_eq!(back.partition.id, a.id, "its own window, not the newest");
         assert!(back.behind_newest && !back.created);
         // A window older than any partition: created, and flagged as behind.
-        let older = parts.place(9_100, 1_000, 50);
+        let older = parts.place(window(9_100, 1_000, 50));
         assert!(older.created && older.behind_newest);
-        assert_eq!(older.partition.start, 9_000);
+        assert_eq!(older.partition.name.start, 9_000);
         assert_eq!(parts.catalog().parts().len(), 4);
         parts.remove(a.id);
         assert!(parts.catalog().get(a.id).is_none());
@@ -272,14 +285,17 @@ mod tests {
     #[test]
     fn reopening_reads_the_catalog_from_table_names() {
         let names = [
-            Partition::name_for(2_000, 1_000, 5),
+            name(2_000, 1_000, 5).table_name(),
             "idemdb_meta".to_string(),
-            Partition::name_for(1_000, 1_000, 5),
+            name(1_000, 1_000, 5).table_name(),
         ];
         let parts = Partitions::from_names(names.iter().map(String::as_str));
         let catalog = parts.catalog();
-        let starts: Vec<u64> = catalog.parts().iter().map(|p| p.start).collect();
+        let starts: Vec<u64> = catalog.parts().iter().map(|p| p.name.start).collect();
         assert_eq!(starts, [1_000, 2_000]);
-        assert_eq!(parts.place(2_500, 1_000, 5).partition.start, 2_000);
+        assert_eq!(
+            parts.place(window(2_500, 1_000, 5)).partition.name.start,
+            2_000
+        );
     }
 }

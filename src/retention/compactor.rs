@@ -10,14 +10,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::clock::Clock;
 use crate::error::Error;
-use crate::horizon::{HORIZON, decode_tags, encode_tags, row_key, row_until, tag};
 use crate::meta::INFLIGHT;
-use crate::partition::Partition;
 use crate::record::Record;
+use crate::retention::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
+use crate::retention::partition::Partition;
 use crate::scope::RecordKey;
 use crate::stats::Counter;
 use crate::writer::Writer;
@@ -51,7 +51,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
         .catalog()
         .parts()
         .iter()
-        .filter(|p| p.drop_at() <= now)
+        .filter(|p| p.name.drop_at() <= now)
         .cloned()
         .collect();
     for part in due {
@@ -67,11 +67,8 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
 fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Error> {
     let engine = &*writer.engine;
     let layout = &engine.layout;
-    let until = part
-        .start
-        .saturating_add(part.width)
-        .saturating_add(layout.rules.horizon_ms(part.ttl));
-    let keep = layout.rules.horizon_factor > 0 && now < until;
+    let until = layout.rules.partition_horizon(&part.name);
+    let keep = layout.rules.keeps(until, now);
     // Read outside the writer, so the batches do not wait for it; checked again below.
     let read = match engine.db.begin_read()?.open_table(part.table()) {
         Ok(table) => read_keys(&table, &layout.index, keep)?,
@@ -90,7 +87,7 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
             };
             txn.delete_table(part.table())?;
             if keep && !tags.is_empty() {
-                add_horizon_row(txn, until, &part.name, &tags)?;
+                write_row(txn, until, &part.table, &tags)?;
             }
             Ok((count, tags))
         },
@@ -113,7 +110,7 @@ fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Er
 /// The number of records in a partition table and, if `with_tags`, their keys' tags, sorted.
 fn read_keys(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    index: &crate::key_index::KeyIndex,
+    index: &crate::retention::key_index::KeyIndex,
     with_tags: bool,
 ) -> Result<(u64, Vec<u32>), Error> {
     let mut tags = Vec::new();
@@ -144,7 +141,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
     if expired.is_empty() {
         return Ok(0);
     }
-    let name = format!("{}@{now}", INFLIGHT.name());
+    let name = sweep_source(now);
     let (count, _) = writer.exclusive(
         |txn| {
             let mut table = txn.open_table(INFLIGHT)?;
@@ -164,10 +161,8 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             let mut sets: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
             for (key, rec) in &removed {
                 let ttl = layout.rules.ttl_ms(&RecordKey::from_stored(key));
-                let until = rec
-                    .lease_expires_at
-                    .saturating_add(layout.rules.horizon_ms(ttl));
-                if layout.rules.horizon_factor > 0 && now < until {
+                let until = layout.rules.swept_horizon(rec, ttl);
+                if layout.rules.keeps(until, now) {
                     sets.entry(until)
                         .or_default()
                         .push(tag(layout.index.hash(key)));
@@ -176,7 +171,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             for (until, tags) in &mut sets {
                 tags.sort_unstable();
                 tags.dedup();
-                add_horizon_row(txn, *until, &name, tags)?;
+                write_row(txn, *until, &name, tags)?;
             }
             Ok((removed.len() as u64, sets))
         },
@@ -188,26 +183,6 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
     )?;
     engine.stats.add_n(Counter::ExpiredRecords, count);
     Ok(count)
-}
-
-/// Writes a horizon set, merged with a row already under the same key (two passes at one
-/// instant, or the same partition name again after a clock went back).
-fn add_horizon_row(
-    txn: &redb::WriteTransaction,
-    until: u64,
-    name: &str,
-    tags: &[u32],
-) -> Result<(), Error> {
-    let mut table = txn.open_table(HORIZON)?;
-    let key = row_key(until, name);
-    let mut merged = tags.to_vec();
-    if let Some(old) = table.get(key.as_slice())? {
-        merged.extend(decode_tags(old.value())?);
-        merged.sort_unstable();
-        merged.dedup();
-    }
-    table.insert(key.as_slice(), encode_tags(&merged).as_slice())?;
-    Ok(())
 }
 
 /// Deletes the horizon sets whose extended horizon passed.
