@@ -100,13 +100,6 @@ impl Builder {
         self
     }
 
-    /// Shortcut for the default TTL of [`retention`](Self::retention): how long a record
-    /// counts as a duplicate after its last change.
-    pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
-        self.retention.default_ttl = ttl;
-        self
-    }
-
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);

@@ -86,17 +86,18 @@ impl Default for Limits {
     }
 }
 
-/// Settings of the shared writer.
+/// Settings of the shared writer, set through [`Builder::max_batch`](crate::Builder::max_batch),
+/// [`max_queue`](crate::Builder::max_queue) and
+/// [`quick_repair`](crate::Builder::quick_repair).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WriterConfig {
+pub(crate) struct WriterConfig {
     /// Most operations one durable commit may carry (default 256).
-    pub max_batch: usize,
+    pub(crate) max_batch: usize,
     /// Most operations waiting for a commit (default 4,096). Past it, callers wait for room
     /// (backpressure); no request is dropped.
-    pub max_queue: usize,
+    pub(crate) max_queue: usize,
     /// redb's quick-repair on every durable commit (default off; see docs/design.md).
-    pub quick_repair: bool,
+    pub(crate) quick_repair: bool,
 }
 
 impl Default for WriterConfig {

@@ -66,7 +66,7 @@ pub use redb;
 
 pub use builder::Builder;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{Limits, WriterConfig};
+pub use config::Limits;
 pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError};
 pub use fingerprint::{Fingerprint, Payload};
