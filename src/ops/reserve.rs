@@ -81,10 +81,8 @@ impl IdemDb {
         lease: Duration,
         timeout: Duration,
     ) -> Reserved {
-        let wait = match Wait::new(self, scope, key, payload.into(), lease, timeout) {
-            Ok(wait) => wait,
-            Err(e) => return self.call(Call::answer(Err(e)).counted(count_reserve)),
-        };
+        // Refused input counts as nothing, as for `reserve`.
+        let wait = Wait::new(self, scope, key, payload.into(), lease, timeout)?;
         let waiter = self.engine.waits.register(&wait.key);
         let outcome = loop {
             let seen = waiter.generation();
@@ -94,6 +92,7 @@ impl IdemDb {
                 _ => break outcome,
             };
         };
+        // Each attempt went uncounted: the caller is told once.
         self.call(Call::answer(outcome).counted(count_reserve))
     }
 
@@ -108,10 +107,8 @@ impl IdemDb {
         lease: Duration,
         timeout: Duration,
     ) -> Reserved {
-        let wait = match Wait::new(self, scope, key, payload.into(), lease, timeout) {
-            Ok(wait) => wait,
-            Err(e) => return self.call(Call::answer(Err(e)).counted(count_reserve)),
-        };
+        // Refused input counts as nothing, as for `reserve`.
+        let wait = Wait::new(self, scope, key, payload.into(), lease, timeout)?;
         let waiter = self.engine.waits.register(&wait.key);
         let outcome = loop {
             let seen = waiter.generation();
@@ -133,6 +130,7 @@ impl IdemDb {
             }
             .await;
         };
+        // Each attempt went uncounted: the caller is told once.
         self.call(Call::answer(outcome).counted(count_reserve))
     }
 
