@@ -153,8 +153,10 @@ impl Drop for ReleaseOnDrop {
         if let Some(reservation) = self.reservation.take() {
             // Blocking, but only on this rare path (a dropped request or a panic): the next
             // retry must not wait for the lease to run out.
-            if let Err(e) = self.db.release(&reservation) {
-                warn(&format!("key not released after a dropped request: {e}"));
+            match self.db.release(&reservation) {
+                // Dropped after its answer was stored: nothing to release.
+                Ok(()) | Err(Error::NotInProgress { .. }) => {}
+                Err(e) => warn(&format!("key not released after a dropped request: {e}")),
             }
         }
     }
