@@ -72,12 +72,12 @@ pub(crate) fn decide(existing: Option<Record>, fp: Fingerprint, now_ms: u64) -> 
     }
 }
 
-/// Checks that `token` owns `existing` and that it is still IN_PROGRESS.
+/// Checks that `token` owns `existing` and that it is still IN_PROGRESS; the owned record.
 ///
 /// A token that is not the record's current one is fenced when the record's is newer; a token
 /// newer than the record's cannot belong to this record at all (it was released and the token
 /// came from elsewhere), so the record is unknown to it.
-pub(crate) fn check_owner(existing: Option<&Record>, token: FencingToken) -> Result<(), Error> {
+pub(crate) fn check_owner(existing: Option<Record>, token: FencingToken) -> Result<Record, Error> {
     let Some(rec) = existing else {
         return Err(Error::UnknownRecord);
     };
@@ -93,7 +93,7 @@ pub(crate) fn check_owner(existing: Option<&Record>, token: FencingToken) -> Res
     if rec.state != RecordState::InProgress {
         return Err(Error::NotInProgress { state: rec.state });
     }
-    Ok(())
+    Ok(rec)
 }
 
 #[cfg(test)]
@@ -152,18 +152,18 @@ mod tests {
     fn owner_checks() {
         let t = |n| FencingToken::new(n).unwrap();
         let ip = rec(RecordState::InProgress, 1, 5, 100);
-        assert!(check_owner(Some(&ip), t(5)).is_ok());
+        assert_eq!(check_owner(Some(ip.clone()), t(5)).unwrap(), ip);
         assert!(matches!(
-            check_owner(Some(&ip), t(4)),
+            check_owner(Some(ip.clone()), t(4)),
             Err(Error::Fenced { .. })
         ));
         assert!(matches!(
-            check_owner(Some(&ip), t(6)),
+            check_owner(Some(ip.clone()), t(6)),
             Err(Error::UnknownRecord)
         ));
         assert!(matches!(check_owner(None, t(5)), Err(Error::UnknownRecord)));
         assert!(matches!(
-            check_owner(Some(&rec(RecordState::Completed, 1, 5, 0)), t(5)),
+            check_owner(Some(rec(RecordState::Completed, 1, 5, 0)), t(5)),
             Err(Error::NotInProgress { .. })
         ));
     }

@@ -3,7 +3,7 @@
 //! never the key's payload or response. Without the feature, spans are a zero-sized no-op.
 
 use crate::scope::RecordKey;
-use crate::writer::op::WriteOp;
+use crate::writer::op::{RecordOp, WriteOp};
 
 #[cfg(feature = "tracing")]
 pub(crate) type Span = tracing::Span;
@@ -20,12 +20,14 @@ impl Span {
 
 fn kind(op: &WriteOp) -> &'static str {
     match op {
-        WriteOp::Reserve { .. } => "reserve",
-        WriteOp::Finish { business: None, .. } => "finish",
-        WriteOp::Finish { .. } => "finish_with",
-        WriteOp::Release { .. } => "release",
-        WriteOp::Extend { .. } => "extend",
-        WriteOp::Execute { .. } => "execute",
+        WriteOp::Record { op, .. } => match op {
+            RecordOp::Reserve { .. } => "reserve",
+            RecordOp::Finish { business: None, .. } => "finish",
+            RecordOp::Finish { .. } => "finish_with",
+            RecordOp::Release { .. } => "release",
+            RecordOp::Extend { .. } => "extend",
+            RecordOp::Execute { .. } => "execute",
+        },
         WriteOp::Run { .. } => "run",
     }
 }

@@ -13,7 +13,7 @@ use crate::outcome::{ExecuteOutcome, Outcome};
 use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::{Counter, StatsCollector};
 use crate::tx::Tx;
-use crate::writer::op::{OpOutput, WriteOp};
+use crate::writer::op::{OpOutput, RecordOp, WriteOp};
 
 type Executed<E> = Result<ExecuteOutcome, ExecuteError<E>>;
 
@@ -106,10 +106,12 @@ impl IdemDb {
                 return Ok(Call::answer(Ok(replay.into())));
             }
             let (body, error) = capture(body);
-            let op = WriteOp::Execute {
+            let op = WriteOp::Record {
                 key: record_key,
-                fingerprint,
-                body: Box::new(body),
+                op: RecordOp::Execute {
+                    fingerprint,
+                    body: Box::new(body),
+                },
             };
             Ok(Call::submit(op, move |out| match out? {
                 OpOutput::Executed(outcome) => Ok(outcome),

@@ -34,9 +34,11 @@ pub(crate) struct Call<'a, T> {
     count: fn(&StatsCollector, &T),
 }
 
-enum Step<'a, T> {
+/// An answer, or an op (`O`: the op itself, or `()` once handed to the writer) and the
+/// finisher of its answer.
+enum Step<'a, T, O = WriteOp> {
     Answer(T),
-    Submit(WriteOp, Finish<'a, T>),
+    Submit(O, Finish<'a, T>),
 }
 
 impl<'a, T> Call<'a, T> {
@@ -83,24 +85,25 @@ impl IdemDb {
     /// Drives `calls` on this thread, their ops queued together so that they share commits;
     /// the answers are in the same order.
     pub(crate) fn call_many<T>(&self, calls: Vec<Call<'_, T>>) -> Vec<T> {
+        // The ops go to the writer together; each call keeps its answer or its finisher.
         let mut ops = Vec::new();
-        let steps: Vec<_> = calls
+        let pending: Vec<_> = calls
             .into_iter()
             .map(|call| match call.step {
-                Step::Answer(out) => (Ok(out), call.count),
+                Step::Answer(out) => (Step::Answer(out), call.count),
                 Step::Submit(op, finish) => {
                     ops.push(op);
-                    (Err(finish), call.count)
+                    (Step::Submit((), finish), call.count)
                 }
             })
             .collect();
         let mut answers = self.writer.submit_many(ops).into_iter();
-        steps
+        pending
             .into_iter()
             .map(|(step, count)| {
                 let out = match step {
-                    Ok(out) => out,
-                    Err(finish) => finish(answers.next().unwrap_or_else(|| {
+                    Step::Answer(out) => out,
+                    Step::Submit((), finish) => finish(answers.next().unwrap_or_else(|| {
                         Err(Error::Internal("an op was never answered".into()))
                     })),
                 };

@@ -11,7 +11,7 @@ use crate::record::RecordState;
 use crate::stats::{Counter, StatsCollector};
 use crate::token::Reservation;
 use crate::tx::Tx;
-use crate::writer::op::{OpOutput, WriteOp};
+use crate::writer::op::{BusinessFn, OpOutput, RecordOp, WriteOp};
 
 type Done = Result<(), Error>;
 type DoneWith<E> = Result<(), ExecuteError<E>>;
@@ -161,22 +161,25 @@ impl IdemDb {
         Ok(())
     }
 
-    /// The op finishing `res` as `state` with `response`, checked.
+    /// The op finishing `res` as `state` with `response` (and `business`), checked.
     fn finish_op(
         &self,
         res: &Reservation,
         state: RecordState,
         response: Vec<u8>,
+        business: Option<BusinessFn>,
     ) -> Result<WriteOp, Error> {
         self.check_issuer(res)?;
         self.limits().check_response(&response)?;
-        Ok(WriteOp::Finish {
-            key: res.record_key.clone(),
-            token: res.token,
-            state,
-            response,
-            business: None,
-        })
+        Ok(owner_op(
+            res,
+            RecordOp::Finish {
+                token: res.token,
+                state,
+                response,
+                business,
+            },
+        ))
     }
 
     fn prepare_finish(
@@ -186,9 +189,16 @@ impl IdemDb {
         response: Vec<u8>,
     ) -> Call<'static, Done> {
         let prepared = self
-            .finish_op(res, state, response)
+            .finish_op(res, state, response, None)
             .map(|op| Call::submit(op, done));
-        Call::checked(prepared).counted(|stats, out| count_owner(stats, out, Counter::Finished))
+        Call::checked(prepared).counted(|stats, out| {
+            count_owner(
+                stats,
+                out.is_ok(),
+                out.as_ref().is_err_and(fenced),
+                Some(Counter::Finished),
+            )
+        })
     }
 
     fn prepare_finish_with<F, E>(
@@ -202,48 +212,50 @@ impl IdemDb {
         F: FnOnce(&mut Tx<'_>) -> Result<(), E> + Send + 'static,
         E: Send + 'static,
     {
-        let prepared = self.finish_op(res, state, response).map(|mut op| {
-            let (body, error) = capture(business);
-            if let WriteOp::Finish { business, .. } = &mut op {
-                *business = Some(Box::new(body));
-            }
+        let (body, error) = capture(business);
+        let prepared = self.finish_op(res, state, response, Some(Box::new(body)));
+        let prepared = prepared.map(|op| {
             Call::submit(op, move |out| match out? {
                 OpOutput::Done => Ok(()),
                 other => Err(closure_failure(other, &error)),
             })
         });
         Call::checked(prepared).counted(|stats, out| {
-            let fenced = matches!(out, Err(ExecuteError::Db(Error::Fenced { .. })));
-            count_owner_if(stats, out.is_ok(), fenced, Counter::Finished)
+            let was_fenced = matches!(out, Err(ExecuteError::Db(e)) if fenced(e));
+            count_owner(stats, out.is_ok(), was_fenced, Some(Counter::Finished))
         })
     }
 
     fn prepare_release(&self, res: &Reservation) -> Call<'static, Done> {
         let prepared = self.check_issuer(res).map(|()| {
-            let op = WriteOp::Release {
-                key: res.record_key.clone(),
-                token: res.token,
-            };
+            let op = owner_op(res, RecordOp::Release { token: res.token });
             Call::submit(op, done)
         });
-        Call::checked(prepared).counted(|stats, out| count_owner(stats, out, Counter::Releases))
+        Call::checked(prepared).counted(|stats, out| {
+            count_owner(
+                stats,
+                out.is_ok(),
+                out.as_ref().is_err_and(fenced),
+                Some(Counter::Releases),
+            )
+        })
     }
 
     fn prepare_extend<'r>(&self, res: &'r mut Reservation, lease: Duration) -> Call<'r, Done> {
-        let count: fn(&StatsCollector, &Done) = |stats, out| {
-            if matches!(out, Err(Error::Fenced { .. })) {
-                stats.add(Counter::Fenced);
-            }
-        };
+        // A renewed lease is not counted; a fenced refusal is.
+        let count: fn(&StatsCollector, &Done) =
+            |stats, out| count_owner(stats, out.is_ok(), out.as_ref().is_err_and(fenced), None);
         let lease_ms = match self.check_issuer(res).and_then(|()| lease_ms(lease)) {
             Ok(ms) => ms,
             Err(e) => return Call::answer(Err(e)).counted(count),
         };
-        let op = WriteOp::Extend {
-            key: res.record_key.clone(),
-            token: res.token,
-            lease_ms,
-        };
+        let op = owner_op(
+            res,
+            RecordOp::Extend {
+                token: res.token,
+                lease_ms,
+            },
+        );
         let finish = move |out: Result<OpOutput, Error>| match out? {
             OpOutput::Extended { lease_expires_at } => {
                 res.lease_expires_at = lease_expires_at;
@@ -255,6 +267,14 @@ impl IdemDb {
     }
 }
 
+/// `op` on the record `res` reserved.
+fn owner_op(res: &Reservation, op: RecordOp) -> WriteOp {
+    WriteOp::Record {
+        key: res.record_key.clone(),
+        op,
+    }
+}
+
 fn done(out: Result<OpOutput, Error>) -> Done {
     match out? {
         OpOutput::Done => Ok(()),
@@ -262,16 +282,16 @@ fn done(out: Result<OpOutput, Error>) -> Done {
     }
 }
 
-/// Counts an owner call: its success as `done`, a fenced refusal as fenced.
-fn count_owner(stats: &StatsCollector, out: &Done, done: Counter) {
-    let fenced = matches!(out, Err(Error::Fenced { .. }));
-    count_owner_if(stats, out.is_ok(), fenced, done);
+/// Counts an owner call: its success as `done` (if anything counts it), a fenced refusal as
+/// fenced.
+fn count_owner(stats: &StatsCollector, ok: bool, fenced: bool, done: Option<Counter>) {
+    match (ok, done) {
+        (true, Some(done)) => stats.add(done),
+        (false, _) if fenced => stats.add(Counter::Fenced),
+        _ => {}
+    }
 }
 
-fn count_owner_if(stats: &StatsCollector, ok: bool, fenced: bool, done: Counter) {
-    if ok {
-        stats.add(done);
-    } else if fenced {
-        stats.add(Counter::Fenced);
-    }
+fn fenced(e: &Error) -> bool {
+    matches!(e, Error::Fenced { .. })
 }

@@ -18,7 +18,7 @@ use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::{Counter, StatsCollector};
 use crate::timer::Timer;
 use crate::wait::WaitGuard;
-use crate::writer::op::{OpOutput, WriteOp};
+use crate::writer::op::{OpOutput, RecordOp, WriteOp};
 
 type Reserved = Result<ReserveOutcome, Error>;
 
@@ -160,10 +160,12 @@ impl IdemDb {
         if let Some(replay) = self.answer_from_snapshot(&key, fingerprint)? {
             return Ok(Call::answer(Ok(replay.into())));
         }
-        let op = WriteOp::Reserve {
+        let op = WriteOp::Record {
             key,
-            fingerprint,
-            lease_ms,
+            op: RecordOp::Reserve {
+                fingerprint,
+                lease_ms,
+            },
         };
         Ok(Call::submit(op, |out| match out? {
             OpOutput::Reserved(outcome) => Ok(outcome),

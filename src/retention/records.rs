@@ -28,10 +28,16 @@ pub(crate) struct Records<'t> {
     inflight: Table2<'t>,
     parts: OpenParts<'t>,
     pub(crate) layout: &'t Layout,
-    /// Partitions this transaction added to the catalog.
-    created: Vec<PartitionId>,
-    /// Of those, created behind a newer partition of their class (the clock is behind).
-    clock_behind: u64,
+    created: Created,
+}
+
+/// The partitions a write transaction added to the catalog: forgotten unless it commits.
+#[derive(Default)]
+pub(crate) struct Created {
+    pub(crate) ids: Vec<PartitionId>,
+    /// Of those, how many were created behind a newer partition of their class (the clock
+    /// is behind).
+    pub(crate) behind_newest: u64,
 }
 
 /// The partitions a write transaction opened so far.
@@ -64,15 +70,14 @@ impl<'t> Records<'t> {
                 open: HashMap::new(),
             },
             layout,
-            created: Vec::new(),
-            clock_behind: 0,
+            created: Created::default(),
         })
     }
 
     /// The partitions this transaction added to the catalog, and how many of them were
     /// created behind a newer one: the first must be forgotten unless it commits.
-    pub(crate) fn created_partitions(self) -> (Vec<PartitionId>, u64) {
-        (self.created, self.clock_behind)
+    pub(crate) fn created_partitions(self) -> Created {
+        self.created
     }
 
     pub(crate) fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
@@ -113,9 +118,9 @@ impl<'t> Records<'t> {
                 .place(rules.partition_for(rec.updated_at, ttl));
             let part = placed.partition;
             if placed.created {
-                self.created.push(part.id);
+                self.created.ids.push(part.id);
                 if placed.behind_newest {
-                    self.clock_behind += 1;
+                    self.created.behind_newest += 1;
                     crate::observe::clock_behind(&part.table);
                 }
             }

@@ -14,10 +14,10 @@ use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
 use crate::retention::locate::Found;
-use crate::retention::records::Records;
+use crate::retention::records::{Created, Records};
 use crate::token::{FencingToken, Reservation};
 use crate::tx::Tx;
-use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
+use crate::writer::op::{ClosureFailed, OpOutput, RecordOp, WriteOp};
 
 /// State shared by the ops of one transaction.
 pub(crate) struct Ctx<'a> {
@@ -93,9 +93,8 @@ pub(super) struct Segment {
     pub(super) applied: Vec<Applied>,
     /// The token ceiling this transaction writes, to take effect in memory once it commits.
     pub(super) ceiling: Option<u64>,
-    /// Partitions it added to the catalog (forgotten unless it commits), and how many of
-    /// them lie behind a newer one.
-    pub(super) created: (Vec<crate::retention::partition::PartitionId>, u64),
+    /// Partitions it added to the catalog.
+    pub(super) created: Created,
 }
 
 /// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.
@@ -168,20 +167,15 @@ fn try_apply(
     ctx: &mut Ctx<'_>,
 ) -> Result<Applied, Stop> {
     let now = ctx.now_ms;
-    let op = match op {
-        WriteOp::Run { body, .. } => {
+    let (key, op) = match op {
+        WriteOp::Run { body } => {
             let mut tx = Tx::new(txn, now, false);
             return Ok(match run_closure(|| body(&mut tx)) {
                 Ok(()) => Applied::changed(OpOutput::Ran),
                 Err(failed) => Applied::aborted(Ok(failed)),
             });
         }
-        other => other,
-    };
-    let Some(key) = op.key().cloned() else {
-        return Err(Stop::Answer(Error::Internal(
-            "a run op on the record path".into(),
-        )));
+        WriteOp::Record { key, op } => (key, op),
     };
     let hash = records.layout.index.hash(key.as_bytes());
     // A stored record that fails validation is this op's problem alone; a failed read leaves
@@ -191,14 +185,9 @@ fn try_apply(
         _ => Stop::Abort(e),
     })?;
     match op {
-        // Handled above.
-        WriteOp::Run { .. } => Err(Stop::Answer(Error::Internal(
-            "a run op on the record path".into(),
-        ))),
-        WriteOp::Reserve {
+        RecordOp::Reserve {
             fingerprint,
             lease_ms,
-            ..
         } => {
             let lease_expires_at = now.saturating_add(lease_ms);
             let claim = claim(found, fingerprint, lease_expires_at, records, hash, ctx)
@@ -231,16 +220,16 @@ fn try_apply(
             applied.beyond_horizon = beyond;
             Ok(applied)
         }
-        WriteOp::Finish {
+        RecordOp::Finish {
             token,
             state,
             response,
             business,
-            ..
         } => {
-            if let Err(e) = check_owner(found.live.as_ref(), token) {
-                return Ok(Applied::answer(Err(e)));
-            }
+            let mut rec = match check_owner(found.live, token) {
+                Ok(rec) => rec,
+                Err(e) => return Ok(Applied::answer(Err(e))),
+            };
             if let Some(business) = business {
                 let mut tx = Tx::new(txn, now, false);
                 match run_closure(|| business(&mut tx)) {
@@ -248,32 +237,24 @@ fn try_apply(
                     Err(failed) => return Ok(Applied::aborted(Ok(failed))),
                 }
             }
-            // check_owner found it live; the business writes may already stand.
-            let mut rec = found
-                .live
-                .ok_or_else(|| Stop::Abort(Error::Internal("an owned record vanished".into())))?;
             rec.state = state;
             rec.updated_at = now;
             rec.response = response;
             records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
         }
-        WriteOp::Release { token, .. } => {
-            if let Err(e) = check_owner(found.live.as_ref(), token) {
+        RecordOp::Release { token } => {
+            if let Err(e) = check_owner(found.live, token) {
                 return Ok(Applied::answer(Err(e)));
             }
             records.remove(&key).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
         }
-        WriteOp::Extend {
-            token, lease_ms, ..
-        } => {
-            if let Err(e) = check_owner(found.live.as_ref(), token) {
-                return Ok(Applied::answer(Err(e)));
-            }
-            let mut rec = found
-                .live
-                .ok_or_else(|| Stop::Answer(Error::Internal("an owned record vanished".into())))?;
+        RecordOp::Extend { token, lease_ms } => {
+            let mut rec = match check_owner(found.live, token) {
+                Ok(rec) => rec,
+                Err(e) => return Ok(Applied::answer(Err(e))),
+            };
             rec.lease_expires_at = now.saturating_add(lease_ms);
             rec.updated_at = now;
             records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
@@ -281,9 +262,7 @@ fn try_apply(
                 lease_expires_at: rec.lease_expires_at,
             }))
         }
-        WriteOp::Execute {
-            fingerprint, body, ..
-        } => {
+        RecordOp::Execute { fingerprint, body } => {
             // Claimed before the closure runs: no error may follow its writes but a rollback.
             let claimed =
                 claim(found, fingerprint, now, records, hash, ctx).map_err(Stop::Answer)?;

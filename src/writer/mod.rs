@@ -299,9 +299,11 @@ impl Writer {
                 if let Some(c) = ceiling {
                     *token_ceiling = c;
                 }
-                engine.stats.add_n(Counter::ClockBehind, created.1);
+                engine
+                    .stats
+                    .add_n(Counter::ClockBehind, created.behind_newest);
             } else {
-                for id in created.0 {
+                for id in created.ids {
                     engine.layout.partitions.remove(id);
                 }
             }

@@ -21,35 +21,34 @@ pub(crate) type RunFn = Box<dyn FnOnce(&mut Tx<'_>) -> Result<(), ClosureFailed>
 
 /// One write, as queued by a caller.
 pub(crate) enum WriteOp {
+    /// An operation on the record `key`.
+    Record { key: RecordKey, op: RecordOp },
+    /// Caller writes with no dedupe record (version-guarded writes).
+    Run { body: RunFn },
+}
+
+/// What an op does to its record.
+pub(crate) enum RecordOp {
     Reserve {
-        key: RecordKey,
         fingerprint: Fingerprint,
         lease_ms: u64,
     },
     Finish {
-        key: RecordKey,
         token: FencingToken,
         state: RecordState,
         response: Vec<u8>,
         business: Option<BusinessFn>,
     },
     Release {
-        key: RecordKey,
         token: FencingToken,
     },
     Extend {
-        key: RecordKey,
         token: FencingToken,
         lease_ms: u64,
     },
     Execute {
-        key: RecordKey,
         fingerprint: Fingerprint,
         body: ExecuteFn,
-    },
-    /// Caller writes with no dedupe record (version-guarded writes).
-    Run {
-        body: RunFn,
     },
 }
 
@@ -57,11 +56,7 @@ impl WriteOp {
     /// The record the op acts on; `None` for a `run`, which has none.
     pub(crate) fn key(&self) -> Option<&RecordKey> {
         match self {
-            WriteOp::Reserve { key, .. }
-            | WriteOp::Finish { key, .. }
-            | WriteOp::Release { key, .. }
-            | WriteOp::Extend { key, .. }
-            | WriteOp::Execute { key, .. } => Some(key),
+            WriteOp::Record { key, .. } => Some(key),
             WriteOp::Run { .. } => None,
         }
     }
@@ -71,10 +66,13 @@ impl WriteOp {
     pub(crate) fn runs_closure(&self) -> bool {
         matches!(
             self,
-            WriteOp::Execute { .. }
-                | WriteOp::Run { .. }
-                | WriteOp::Finish {
-                    business: Some(_),
+            WriteOp::Run { .. }
+                | WriteOp::Record {
+                    op: RecordOp::Execute { .. }
+                        | RecordOp::Finish {
+                            business: Some(_),
+                            ..
+                        },
                     ..
                 }
         )

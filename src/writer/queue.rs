@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::outcome::ReserveOutcome;
 use crate::token::Reservation;
 use crate::writer::Writer;
-use crate::writer::op::{OpOutput, WriteOp};
+use crate::writer::op::{OpOutput, RecordOp, WriteOp};
 
 #[derive(Default)]
 pub(crate) struct Queue {
@@ -168,9 +168,11 @@ impl Writer {
             return; // Closed: nobody would commit it; the lease runs out instead.
         }
         queue.jobs.push_back(Job {
-            op: WriteOp::Release {
+            op: WriteOp::Record {
                 key: reservation.record_key.clone(),
-                token: reservation.token,
+                op: RecordOp::Release {
+                    token: reservation.token,
+                },
             },
             slot: Slot::new(true),
         });
