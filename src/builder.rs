@@ -1,10 +1,12 @@
 //! Opening a database: settings, and the checks that it is one of ours.
 
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::StorageBackend;
+use redb::backends::FileBackend;
+use redb::{Key, StorageBackend, TableDefinition, Value};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Limits, WriterConfig};
@@ -12,6 +14,8 @@ use crate::db::IdemDb;
 use crate::error::Error;
 use crate::measured::Measured;
 use crate::retention::Retention;
+use crate::tables::TableRegistry;
+use crate::wal::check_not_orphaned;
 
 /// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
 ///
@@ -35,6 +39,7 @@ pub struct Builder {
     cache_size: Option<usize>,
     verify_on_open: bool,
     retention: Retention,
+    tables: TableRegistry,
 }
 
 impl Default for Builder {
@@ -46,6 +51,7 @@ impl Default for Builder {
             cache_size: None,
             verify_on_open: true,
             retention: Retention::default(),
+            tables: TableRegistry::default(),
         }
     }
 }
@@ -84,6 +90,46 @@ impl Builder {
         self
     }
 
+    /// Take a checkpoint once this many bytes of log frames follow the last one (default
+    /// 16 MiB; at least 64 KiB). A checkpoint is one durable redb commit of what the frames
+    /// hold; writes wait for it. The log file grows to about this size and is reused.
+    pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
+        self.writer.checkpoint_bytes = bytes.max(64 << 10);
+        self
+    }
+
+    /// Take a checkpoint once log frames are this old (default 1 s; at least 1 ms). Bounds
+    /// what recovery replays after a crash, and the cost of each checkpoint.
+    pub fn checkpoint_interval(mut self, interval: std::time::Duration) -> Self {
+        self.writer.checkpoint_interval = interval.max(std::time::Duration::from_millis(1));
+        self
+    }
+
+    /// Registers a caller table that closures write through [`Tx::open_table`](crate::Tx):
+    /// its writes are logged (key and value bytes), so a batch running caller code is durable
+    /// with one log append instead of a durable redb commit. Opening a database whose log
+    /// holds writes to a table requires that table to be registered again.
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, Outcome, Scope};
+    /// use idemdb::redb::TableDefinition;
+    /// const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::builder().table(ORDERS).open(dir.path().join("db"))?;
+    /// db.execute(&Scope::new("order", "u1"), &Key::new("k1"), b"req", |tx| {
+    ///     tx.open_table(ORDERS)?.insert("k1", 990)?;
+    ///     Ok::<_, idemdb::Error>(Outcome::Completed(b"201".to_vec()))
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn table<K: Key + 'static, V: Value + 'static>(
+        mut self,
+        definition: TableDefinition<'static, K, V>,
+    ) -> Self {
+        self.tables.register(definition);
+        self
+    }
+
     /// Verify every page's checksum when opening (default: on). A file damaged since it was
     /// last written then fails to open with [`Error::Corrupted`] instead of being trusted;
     /// without the check, redb may panic on such a file. The check reads the whole file (see
@@ -111,23 +157,51 @@ impl Builder {
     /// Fails with [`Error::NotIdemdb`] for a file that is not an idemdb database, with
     /// [`Error::UnsupportedFormat`] for one written by a newer format, and with a storage
     /// error if another handle has the file open.
+    ///
+    /// The write-ahead log lives beside it, in `<path>-wal` (see docs/design.md §5.3); the two
+    /// files belong together. A log whose database file is missing or empty is refused with
+    /// [`Error::Corrupted`]: restore the file, or delete the log to start afresh.
     pub fn open(self, path: impl AsRef<Path>) -> Result<IdemDb, Error> {
         self.validate()?;
         let path = path.as_ref();
+        let log_path = log_path(path);
+        let db_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if db_len == 0
+            && let Ok(file) = OpenOptions::new().read(true).open(&log_path)
+        {
+            check_not_orphaned(0, &FileBackend::new(file)?)?;
+        }
         let db = self.redb_builder().create(path).map_err(open_error)?;
-        self.finish(db, FileSize::Path(path.to_path_buf()))
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&log_path)
+            .map_err(crate::wal::io_error)?;
+        self.finish(
+            db,
+            FileSize::Path(path.to_path_buf()),
+            Box::new(FileBackend::new(log)?),
+        )
     }
 
-    /// Opens the database over any [`redb::StorageBackend`], e.g. an in-memory or a
-    /// fault-injecting one, creating it if the backend is empty.
-    pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<IdemDb, Error> {
+    /// Opens the database over any [`redb::StorageBackend`]s, e.g. in-memory or
+    /// fault-injecting ones: `db` for the redb file, `log` for its write-ahead log. Creates
+    /// the database if `db` is empty.
+    pub fn open_with_backend(
+        self,
+        db: impl StorageBackend,
+        log: impl StorageBackend,
+    ) -> Result<IdemDb, Error> {
         self.validate()?;
+        check_not_orphaned(db.len().map_err(crate::wal::io_error)?, &log)?;
         let len = Arc::new(AtomicU64::new(0));
         let db = self
             .redb_builder()
-            .create_with_backend(Measured::new(backend, Arc::clone(&len)))
+            .create_with_backend(Measured::new(db, Arc::clone(&len)))
             .map_err(open_error)?;
-        self.finish(db, FileSize::Backend(len))
+        self.finish(db, FileSize::Backend(len), Box::new(log))
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -135,15 +209,20 @@ impl Builder {
         self.retention.validate()
     }
 
-    fn finish(self, db: redb::Database, size: FileSize) -> Result<IdemDb, Error> {
-        IdemDb::from_parts(
-            db,
-            self.clock,
-            self.limits,
-            self.writer,
-            self.retention,
-            size,
-        )
+    fn finish(
+        self,
+        db: redb::Database,
+        size: FileSize,
+        log: Box<dyn StorageBackend>,
+    ) -> Result<IdemDb, Error> {
+        let settings = Settings {
+            clock: self.clock,
+            limits: self.limits,
+            writer: self.writer,
+            retention: self.retention,
+            tables: self.tables,
+        };
+        IdemDb::from_parts(db, log, settings, size)
     }
 
     fn redb_builder(&self) -> redb::Builder {
@@ -154,6 +233,13 @@ impl Builder {
         }
         b
     }
+}
+
+/// Where the log of the database at `path` lives: `<path>-wal`.
+pub(crate) fn log_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
 }
 
 fn open_error(e: redb::DatabaseError) -> Error {
@@ -168,6 +254,15 @@ fn open_error(e: redb::DatabaseError) -> Error {
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => Error::Corrupted(msg),
         other => other.into(),
     }
+}
+
+/// What the engine is started with.
+pub(crate) struct Settings {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) limits: Limits,
+    pub(crate) writer: WriterConfig,
+    pub(crate) retention: Retention,
+    pub(crate) tables: TableRegistry,
 }
 
 /// Where `stats()` finds the size of the database.

@@ -98,6 +98,10 @@ pub(crate) struct WriterConfig {
     pub(crate) max_queue: usize,
     /// redb's quick-repair on every durable commit (default off; see docs/design.md).
     pub(crate) quick_repair: bool,
+    /// A checkpoint is taken once this many bytes of frames follow the last one.
+    pub(crate) checkpoint_bytes: u64,
+    /// ... or once frames are this old (checked by the committer thread).
+    pub(crate) checkpoint_interval: std::time::Duration,
 }
 
 impl Default for WriterConfig {
@@ -106,6 +110,8 @@ impl Default for WriterConfig {
             max_batch: 256,
             max_queue: 4096,
             quick_repair: false,
+            checkpoint_bytes: 16 << 20,
+            checkpoint_interval: std::time::Duration::from_secs(1),
         }
     }
 }

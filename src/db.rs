@@ -6,9 +6,8 @@ use std::thread::JoinHandle;
 
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
-use crate::builder::{Builder, FileSize};
-use crate::clock::Clock;
-use crate::config::{Limits, WriterConfig};
+use crate::builder::{Builder, FileSize, Settings};
+use crate::config::Limits;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -67,6 +66,9 @@ pub struct IdemDb {
     retention: Retention,
     /// Where its size is read, for `stats`.
     file: FileSize,
+    /// The log's sizes, for `stats`.
+    log_gauges: crate::wal::LogGauges,
+    recovered: crate::wal::Recovered,
 }
 
 impl fmt::Debug for IdemDb {
@@ -88,6 +90,8 @@ impl Drop for IdemDb {
             // A panic there already poisoned the writer; nothing is left to answer.
             let _ = committer.join();
         }
+        // Recovery would replay what the log holds; a clean close leaves nothing to replay.
+        let _ = self.writer.checkpoint();
     }
 }
 
@@ -104,14 +108,25 @@ impl IdemDb {
 
     pub(crate) fn from_parts(
         db: Database,
-        clock: Arc<dyn Clock>,
-        limits: Limits,
-        config: WriterConfig,
-        retention: Retention,
+        log: Box<dyn redb::StorageBackend>,
+        settings: Settings,
         file: FileSize,
     ) -> Result<IdemDb, Error> {
+        let Settings {
+            clock,
+            limits,
+            writer: config,
+            retention,
+            tables,
+        } = settings;
         let rules = retention.rules();
-        let meta = meta::load_or_init(&db, &rules)?;
+        let mut meta = meta::load_or_init(&db, &rules)?;
+        let (log, recovered) = crate::wal::open_log(&db, log, meta.database_id, &tables)?;
+        if recovered.frames > 0 {
+            // The replay may have raised the token ceiling.
+            meta = meta::load_or_init(&db, &rules)?;
+        }
+        let log_gauges = log.gauges();
         let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
         let engine = Arc::new(Engine::new(
             Arc::new(db),
@@ -119,8 +134,14 @@ impl IdemDb {
             limits,
             meta.database_id,
             Arc::new(layout),
+            tables,
         ));
-        let writer = Arc::new(Writer::new(Arc::clone(&engine), config, meta.next_token));
+        let writer = Arc::new(Writer::new(
+            Arc::clone(&engine),
+            config,
+            meta.next_token,
+            log,
+        ));
         let committer = {
             let writer = Arc::clone(&writer);
             std::thread::Builder::new()
@@ -148,6 +169,8 @@ impl IdemDb {
             timer: OnceLock::new(),
             retention,
             file,
+            log_gauges,
+            recovered,
         })
     }
 
@@ -190,6 +213,10 @@ impl IdemDb {
         stats.partitions = catalog.parts().len() as u64;
         stats.horizon_keys = layout.horizon.len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
+        stats.replayed_frames = self.recovered.frames;
+        let (log_len, since) = self.log_gauges.read();
+        stats.log_bytes_on_disk = log_len;
+        stats.log_bytes_since_checkpoint = since;
         if let Ok(txn) = self.engine.db.begin_read() {
             use redb::ReadableTableMetadata;
             let len = |t: Result<redb::ReadOnlyTable<&[u8], &[u8]>, redb::TableError>| {

@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::retention::locate::Layout;
 use crate::snapshot::Snapshots;
 use crate::stats::StatsCollector;
+use crate::tables::TableRegistry;
 use crate::wait::WaitRegistry;
 
 pub(crate) struct Engine {
@@ -28,6 +29,8 @@ pub(crate) struct Engine {
     pub(crate) durability: DurabilityTracker,
     pub(crate) stats: StatsCollector,
     pub(crate) waits: WaitRegistry,
+    /// Caller tables whose writes are logged (`Builder::table`).
+    pub(crate) tables: TableRegistry,
     /// Serialises compaction passes (the background one and `compact_now`).
     pub(crate) compaction: Mutex<()>,
     /// Set when a commit failed or an engine thread panicked: writes are refused until reopen.
@@ -43,6 +46,7 @@ impl Engine {
         limits: Limits,
         database_id: u64,
         layout: Arc<Layout>,
+        tables: TableRegistry,
     ) -> Engine {
         Engine {
             snapshots: Snapshots::new(Arc::clone(&db), Arc::clone(&layout)),
@@ -54,6 +58,7 @@ impl Engine {
             durability: DurabilityTracker::default(),
             stats: StatsCollector::default(),
             waits: WaitRegistry::default(),
+            tables,
             compaction: Mutex::new(()),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(None),

@@ -52,13 +52,16 @@ mod scope;
 mod shard;
 mod snapshot;
 mod stats;
+mod tables;
 #[cfg(feature = "fault-injection")]
 pub mod testing;
 mod timer;
 mod token;
 mod tx;
+mod tx_table;
 mod typed;
 mod wait;
+mod wal;
 mod writer;
 
 /// The redb version idemdb is built on, for the caller's own table definitions.
@@ -82,6 +85,7 @@ pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, Stats};
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
+pub use tx_table::TxTable;
 pub use typed::{Typed, TypedOutcome};
 
 /// docs/choosing.md's examples, compiled and run as doctests so they stay true.

@@ -30,12 +30,16 @@ const MAGIC_KEY: &str = "magic";
 const VERSION_KEY: &str = "format_version";
 const SECRET_KEY: &str = "fingerprint_secret";
 pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
+/// The sequence number of the last log frame this file holds (wal/): absent before the first
+/// checkpoint.
+pub(crate) const CHECKPOINT_KEY: &str = "log_checkpoint";
 
 const MAGIC: &[u8] = b"idemdb\0\x01";
 /// The on-disk format this build writes and the newest it reads. Version 1 kept IN_PROGRESS
 /// records in the records table; version 2 kept finished records in one table, without
-/// expiry. Both are upgraded on open.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+/// expiry. Version 3 had no write-ahead log: a binary that knows no log must not open a file
+/// whose log may hold acknowledged outcomes. All are upgraded on open.
+pub(crate) const FORMAT_VERSION: u32 = 4;
 
 /// What open() reads from, or writes to, a database's meta table.
 pub(crate) struct Meta {
@@ -58,6 +62,8 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
         }
         if version <= 2 {
             upgrade_from_2(db, rules, meta.index_seed)?;
+        } else if version == 3 {
+            upgrade_from_3(db)?;
         }
         return Ok(meta);
     }
@@ -153,6 +159,15 @@ fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> 
             .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
     }
     txn.delete_table(RECORDS)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Version 3 → 4: the layout is the same; the log beside the file is new.
+fn upgrade_from_3(db: &Database) -> Result<(), Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
     txn.commit()?;
     Ok(())
 }

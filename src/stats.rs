@@ -110,6 +110,20 @@ pub struct Stats {
     pub indexed_keys: u64,
     /// Size of the database file in bytes (of the storage, when opened over a backend).
     pub bytes_on_disk: u64,
+    /// Checkpoints since open: durable redb commits after which the log is written again
+    /// from its start (by size, age, close, a batch running caller code, or compaction).
+    pub checkpoints: u64,
+    /// Time of each checkpoint taken on its own (by size, age or close), in microseconds:
+    /// writes wait for it.
+    pub checkpoint_latency_us: Histogram,
+    /// Log frames replayed into the file when it was opened (what the last run acknowledged
+    /// after its last checkpoint).
+    pub replayed_frames: u64,
+    /// Size of the log file in bytes (preallocated, zero-filled; frames fill its start).
+    pub log_bytes_on_disk: u64,
+    /// Bytes of log frames written since the last checkpoint: what recovery would replay
+    /// after a crash now.
+    pub log_bytes_since_checkpoint: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -127,8 +141,9 @@ pub(crate) enum Counter {
     ExpiredRecords,
     PartitionsDropped,
     ClockBehind,
+    Checkpoints,
 }
-const COUNTERS: usize = 13;
+const COUNTERS: usize = 14;
 
 impl Counter {
     /// The name under which the `metrics` feature exports it (a counter).
@@ -148,6 +163,7 @@ impl Counter {
             Counter::ExpiredRecords => "idemdb_expired_records_total",
             Counter::PartitionsDropped => "idemdb_partitions_dropped_total",
             Counter::ClockBehind => "idemdb_clock_behind_total",
+            Counter::Checkpoints => "idemdb_checkpoints_total",
         }
     }
 }
@@ -160,6 +176,7 @@ struct Shard([AtomicU64; COUNTERS]);
 pub(crate) struct StatsCollector {
     shards: [Shard; SHARDS],
     commits: Mutex<(u64, Histogram, Histogram)>,
+    checkpoint_latency: Mutex<Histogram>,
 }
 
 impl StatsCollector {
@@ -188,6 +205,14 @@ impl StatsCollector {
             .record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
     }
 
+    pub(crate) fn record_checkpoint(&self, took: Duration) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idemdb_checkpoint_latency_seconds").record(took.as_secs_f64());
+        self.checkpoint_latency
+            .lock()
+            .record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         let sum = |c: Counter| -> u64 {
             self.shards
@@ -213,6 +238,11 @@ impl StatsCollector {
             expired_records: sum(Counter::ExpiredRecords),
             partitions_dropped: sum(Counter::PartitionsDropped),
             clock_behind: sum(Counter::ClockBehind),
+            checkpoints: sum(Counter::Checkpoints),
+            checkpoint_latency_us: self.checkpoint_latency.lock().clone(),
+            replayed_frames: 0,
+            log_bytes_on_disk: 0,
+            log_bytes_since_checkpoint: 0,
             // Filled in by IdemDb::stats from the file.
             stored_records: 0,
             in_flight_records: 0,

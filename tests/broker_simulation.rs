@@ -120,10 +120,10 @@ fn final_state_equals_each_event_applied_once_in_version_order() {
                 }
             }
         }
-        if let Some(image) = backend.crashed_image() {
+        if let Some(disk) = backend.crashed_disk() {
             crashes += 1;
             drop(db);
-            backend = FaultBackend::from_image(image);
+            backend = disk;
             db = on_backend(&backend);
             // The broker also redelivers some acknowledged events after a consumer restart.
             for _ in 0..POLL / 5 {
@@ -134,8 +134,7 @@ fn final_state_equals_each_event_applied_once_in_version_order() {
         } else if armed {
             // The armed crash did not strike in this poll: disarm it.
             drop(db);
-            let image = backend.durable_image();
-            backend = FaultBackend::from_image(image);
+            backend = backend.durable_disk();
             db = on_backend(&backend);
         }
     }

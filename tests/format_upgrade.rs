@@ -149,8 +149,8 @@ fn upgrades_from(version: u32) {
     assert!(db.complete(&done, b"again".to_vec()).is_err());
     drop(db);
 
-    // The file is version 3 now, with its in-flight and horizon tables.
-    assert_eq!(format_version(&path), Some(3u32.to_le_bytes().to_vec()));
+    // The file is version 4 now, with its in-flight and horizon tables.
+    assert_eq!(format_version(&path), Some(4u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let names = table_names(&read);
@@ -166,4 +166,34 @@ fn version_1_files_are_upgraded_on_open() {
 #[test]
 fn version_2_files_are_upgraded_on_open() {
     upgrades_from(2);
+}
+
+/// Version 3 had no log: its file is whole after a clean close, and only the version changes.
+#[test]
+fn version_3_files_are_upgraded_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.idemdb");
+    let scope = Scope::new("op", "p");
+    {
+        let db = IdemDb::open(&path).unwrap();
+        let done = acquired(db.reserve(&scope, &Key::new("done"), b"p", LEASE).unwrap());
+        db.complete(&done, b"ok".to_vec()).unwrap();
+    }
+    std::fs::remove_file(dir.path().join("v3.idemdb-wal")).unwrap();
+    {
+        let raw = idemdb::redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("format_version", &3u32.to_le_bytes()[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let db = IdemDb::open(&path).unwrap();
+    assert_eq!(
+        db.reserve(&scope, &Key::new("done"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(b"ok".to_vec())
+    );
+    drop(db);
+    assert_eq!(format_version(&path), Some(4u32.to_le_bytes().to_vec()));
 }

@@ -50,8 +50,7 @@ fn run_with(fault: Fault) -> bool {
     drop(db);
     // The process did not die: what it wrote is in the OS cache. Reopen on a healthy disk.
     backend.clear_faults();
-    let image = backend.live_image();
-    check_recovered(image, clock, &logs).unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+    check_recovered(backend.live_disk(), clock, &logs).unwrap_or_else(|e| panic!("{fault:?}: {e}"));
     failed
 }
 
@@ -98,7 +97,9 @@ fn callers_of_the_failing_batch_are_told_the_outcome_is_unknown() {
     assert!(Error::WritesRefused.to_string().contains("reopen"));
     drop(db);
     backend.clear_faults();
-    let db = IdemDb::builder().open_with_backend(backend).unwrap();
+    let db = IdemDb::builder()
+        .open_with_backend(backend.clone(), backend.log())
+        .unwrap();
     // The unknown reservation either happened or not; either way the database works again.
     let again = db
         .reserve(&scope, &Key::new("k"), b"p", Duration::from_secs(5))

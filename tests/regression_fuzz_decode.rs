@@ -57,7 +57,8 @@ fn damaged_btree_pages_are_refused_not_a_panic() {
     ];
     // The first byte picks the fuzz target's mode (odd: patches over the valid file).
     let image = patched(&input[1..]);
-    match IdemDb::builder().open_with_backend(FaultBackend::from_image(image)) {
+    let backend = FaultBackend::from_image(image);
+    match IdemDb::builder().open_with_backend(backend.clone(), backend.log()) {
         Err(e) => assert!(
             matches!(e, idemdb::Error::Corrupted(_) | idemdb::Error::Storage(_)),
             "{e:?}"

@@ -99,7 +99,13 @@ impl Kind {
     pub fn open(self, dir: &Path) -> Arc<dyn Engine> {
         match self {
             Kind::Idem => Arc::new(Idem {
-                db: Arc::new(IdemDb::open(dir.join("bench.idemdb")).expect("open idemdb")),
+                // `orders` registered: execute's business insert is logged with its record.
+                db: Arc::new(
+                    IdemDb::builder()
+                        .table(ORDERS)
+                        .open(dir.join("bench.idemdb"))
+                        .expect("open idemdb"),
+                ),
             }),
             Kind::Naive => Arc::new(Naive::open(&dir.join("bench.redb"))),
             Kind::Sqlite => Arc::new(Sqlite::open(&dir.join("bench.sqlite"))),

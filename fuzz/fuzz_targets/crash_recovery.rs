@@ -49,10 +49,10 @@ fuzz_target!(|input: Input| {
         }
     }
     drop(db);
-    let image = backend
-        .crashed_image()
-        .unwrap_or_else(|| backend.durable_image());
-    if let Err(violation) = check_recovered(image, clock, &logs) {
+    let disk = backend
+        .crashed_disk()
+        .unwrap_or_else(|| backend.durable_disk());
+    if let Err(violation) = check_recovered(disk, clock, &logs) {
         panic!("invariant violated after crash ({mode:?}): {violation}");
     }
 });

@@ -17,7 +17,7 @@ fn valid_image() -> &'static [u8] {
     IMAGE.get_or_init(|| {
         let backend = FaultBackend::new();
         let db = IdemDb::builder()
-            .open_with_backend(backend.clone())
+            .open_with_backend(backend.clone(), backend.log())
             .expect("open an empty backend");
         let scope = Scope::new("op", "p");
         for (i, finish) in ["complete", "fail", "hold"].iter().enumerate() {
@@ -38,7 +38,8 @@ fn valid_image() -> &'static [u8] {
 }
 
 fn exercise(image: Vec<u8>) {
-    if let Ok(db) = IdemDb::builder().open_with_backend(FaultBackend::from_image(image)) {
+    let backend = FaultBackend::from_image(image);
+    if let Ok(db) = IdemDb::builder().open_with_backend(backend.clone(), backend.log()) {
         let scope = Scope::new("op", "p");
         for i in 0..4 {
             let _ = db.get(&scope, &Key::new(format!("k{i}")));

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::{ReadableTable, Table, TableHandle, WriteTransaction};
 
 use crate::error::Error;
 use crate::meta::INFLIGHT;
@@ -17,6 +17,7 @@ use crate::retention::locate::{
 };
 use crate::retention::partition::{Partition, PartitionId};
 use crate::scope::RecordKey;
+use crate::wal::Effect;
 
 type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
@@ -29,6 +30,8 @@ pub(crate) struct Records<'t> {
     parts: OpenParts<'t>,
     pub(crate) layout: &'t Layout,
     created: Created,
+    /// Every write, as post-images for the log (wal/).
+    effects: Vec<Effect>,
 }
 
 /// The partitions a write transaction added to the catalog: forgotten unless it commits.
@@ -71,13 +74,15 @@ impl<'t> Records<'t> {
             },
             layout,
             created: Created::default(),
+            effects: Vec::new(),
         })
     }
 
     /// The partitions this transaction added to the catalog, and how many of them were
-    /// created behind a newer one: the first must be forgotten unless it commits.
-    pub(crate) fn created_partitions(self) -> Created {
-        self.created
+    /// created behind a newer one: the first must be forgotten unless it commits. And every
+    /// write it made, in order, as post-images.
+    pub(crate) fn finish(self) -> (Created, Vec<Effect>) {
+        (self.created, self.effects)
     }
 
     pub(crate) fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
@@ -108,9 +113,14 @@ impl<'t> Records<'t> {
         let rules = &self.layout.rules;
         let ttl = rules.ttl_ms(key);
         rec.expires_at = rules.expires_at(rec, ttl);
+        let value = rec.encode();
         if rec.state == RecordState::InProgress {
-            self.inflight
-                .insert(key.as_bytes(), rec.encode().as_slice())?;
+            self.inflight.insert(key.as_bytes(), value.as_slice())?;
+            self.effects.push(Effect::Put {
+                table: INFLIGHT.name().to_string(),
+                key: key.as_bytes().to_vec(),
+                value,
+            });
         } else {
             let placed = self
                 .layout
@@ -126,10 +136,20 @@ impl<'t> Records<'t> {
             }
             // Before the write: the index must never miss a stored record.
             self.layout.index.insert(hash, part.id);
-            self.inflight.remove(key.as_bytes())?;
+            if self.inflight.remove(key.as_bytes())?.is_some() {
+                self.effects.push(Effect::Remove {
+                    table: INFLIGHT.name().to_string(),
+                    key: key.as_bytes().to_vec(),
+                });
+            }
             self.parts
                 .table(&part)?
-                .insert(key.as_bytes(), rec.encode().as_slice())?;
+                .insert(key.as_bytes(), value.as_slice())?;
+            self.effects.push(Effect::Put {
+                table: part.table.clone(),
+                key: key.as_bytes().to_vec(),
+                value,
+            });
         }
         Ok(())
     }
@@ -157,6 +177,10 @@ impl<'t> Records<'t> {
     /// Removes an IN_PROGRESS record (release).
     pub(crate) fn remove(&mut self, key: &RecordKey) -> Result<(), Error> {
         self.inflight.remove(key.as_bytes())?;
+        self.effects.push(Effect::Remove {
+            table: INFLIGHT.name().to_string(),
+            key: key.as_bytes().to_vec(),
+        });
         Ok(())
     }
 }

@@ -1,10 +1,12 @@
-//! A fault-injecting [`StorageBackend`]: a disk with a volatile cache.
+//! A fault-injecting [`StorageBackend`]: a disk with a volatile cache, holding two files (the
+//! database and its log).
 //!
-//! It models a disk with a volatile write cache: the *durable image* is what survived the last
-//! `sync_data`; writes and `set_len`s issued since are *pending*. A simulated power loss keeps,
-//! drops or tears (at 512-byte sectors) each pending write. Syncs can be held (to line up a
-//! group commit) or made to fail, and the backend can be killed so that the process that used
-//! it can no longer write.
+//! It models a disk with a volatile write cache: a file's *durable image* is what survived its
+//! last `sync_data`; writes and `set_len`s issued since are *pending*. A simulated power loss
+//! strikes both files at once and keeps, drops or tears (at 512-byte sectors) each pending
+//! write. Faults, held syncs, crash points and counters are the disk's, shared by both files.
+//! Syncs can be held (to line up a group commit) or made to fail, and the disk can be killed so
+//! that the process that used it can no longer write.
 
 use std::io;
 use std::sync::Arc;
@@ -85,10 +87,18 @@ enum Pending {
 }
 
 #[derive(Default)]
-struct State {
+struct File {
     live: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<Pending>,
+}
+
+/// The files of one disk: the database, and its log.
+const FILES: usize = 2;
+
+#[derive(Default)]
+struct State {
+    files: [File; FILES],
     writes: u64,
     syncs: u64,
     write_budget: Option<u64>,
@@ -100,7 +110,11 @@ struct State {
     /// Syncs begun so far (including failed and crashed ones).
     syncs_begun: u64,
     crash_at: Option<(u64, TearMode)>,
-    crash_image: Option<Vec<u8>>,
+    crash_images: Option<[Vec<u8>; FILES]>,
+    /// The file in whose sync the armed power loss struck.
+    crashed_in: Option<usize>,
+    /// Syncs begun per file.
+    file_syncs: [u64; FILES],
 }
 
 #[derive(Default)]
@@ -109,20 +123,22 @@ struct Shared {
     changed: Condvar,
 }
 
-/// An in-memory disk with a volatile cache, faults and power loss. Clones share one disk:
-/// hand one to [`Builder::open_with_backend`](crate::Builder::open_with_backend) and keep one
-/// to steer it.
+/// One file of an in-memory disk with a volatile cache, faults and power loss. Clones share
+/// the disk: hand one and its [`log`](Self::log) to
+/// [`Builder::open_with_backend`](crate::Builder::open_with_backend) and keep one to steer it.
 #[derive(Clone, Default)]
 pub struct FaultBackend {
     shared: Arc<Shared>,
+    file: usize,
 }
 
 impl std::fmt::Debug for FaultBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.shared.state.lock();
         f.debug_struct("FaultBackend")
-            .field("len", &s.live.len())
-            .field("pending", &s.pending.len())
+            .field("file", &self.file)
+            .field("len", &s.files[self.file].live.len())
+            .field("pending", &s.files[self.file].pending.len())
             .field("writes", &s.writes)
             .field("syncs", &s.syncs)
             .finish()
@@ -139,15 +155,61 @@ impl FaultBackend {
         Self::default()
     }
 
-    /// A disk whose durable content is `image` (e.g. a crash image of another backend).
+    /// A disk whose database file's durable content is `image` (e.g. a crash image of
+    /// another backend), with an empty log.
     pub fn from_image(image: Vec<u8>) -> Self {
+        Self::from_images(image, Vec::new())
+    }
+
+    /// A disk whose durable content is `db` for the database and `log` for its log.
+    pub fn from_images(db: Vec<u8>, log: Vec<u8>) -> Self {
         let backend = Self::default();
         {
             let mut s = backend.shared.state.lock();
-            s.live = image.clone();
-            s.durable = image;
+            for (file, image) in s.files.iter_mut().zip([db, log]) {
+                file.live = image.clone();
+                file.durable = image;
+            }
         }
         backend
+    }
+
+    /// A new disk holding what both files of this one hold after a power loss now: each
+    /// pending write meets `fate` (the database's writes first, then the log's).
+    pub fn crash_disk(&self, mut fate: impl FnMut(usize) -> Fate) -> FaultBackend {
+        let s = self.shared.state.lock();
+        let db = image_after_loss(&s.files[0], &mut fate);
+        let base = s.files[0].pending.len();
+        let log = image_after_loss(&s.files[1], |i| fate(base + i));
+        FaultBackend::from_images(db, log)
+    }
+
+    /// A new disk holding what a power loss armed by [`crash_at_sync`](Self::crash_at_sync)
+    /// left of both files, once it struck.
+    pub fn crashed_disk(&self) -> Option<FaultBackend> {
+        let s = self.shared.state.lock();
+        let [db, log] = s.crash_images.clone()?;
+        Some(FaultBackend::from_images(db, log))
+    }
+
+    /// A new disk holding what survived each file's last sync.
+    pub fn durable_disk(&self) -> FaultBackend {
+        let s = self.shared.state.lock();
+        FaultBackend::from_images(s.files[0].durable.clone(), s.files[1].durable.clone())
+    }
+
+    /// A new disk holding what reads see now (a clean process exit with the OS cache intact).
+    pub fn live_disk(&self) -> FaultBackend {
+        let s = self.shared.state.lock();
+        FaultBackend::from_images(s.files[0].live.clone(), s.files[1].live.clone())
+    }
+
+    /// The log file on the same disk (the same file whichever handle asks).
+    pub fn log(&self) -> FaultBackend {
+        FaultBackend {
+            shared: Arc::clone(&self.shared),
+            file: 1,
+        }
     }
 
     /// Makes I/O fail as `fault` says; replaces an earlier fault.
@@ -201,25 +263,26 @@ impl FaultBackend {
         self.shared.state.lock().syncs
     }
 
-    /// Writes and length changes issued since the last sync.
+    /// This file's writes and length changes issued since its last sync.
     pub fn pending(&self) -> usize {
-        self.shared.state.lock().pending.len()
+        self.shared.state.lock().files[self.file].pending.len()
     }
 
-    /// What reads see now (as after a clean process exit with the OS cache intact).
+    /// What reads of this file see now (as after a clean process exit with the OS cache
+    /// intact).
     pub fn live_image(&self) -> Vec<u8> {
-        self.shared.state.lock().live.clone()
+        self.shared.state.lock().files[self.file].live.clone()
     }
 
-    /// What survived the last sync.
+    /// What survived this file's last sync.
     pub fn durable_image(&self) -> Vec<u8> {
-        self.shared.state.lock().durable.clone()
+        self.shared.state.lock().files[self.file].durable.clone()
     }
 
-    /// The disk after a power loss now: the durable image plus each pending write as `fate`
+    /// This file after a power loss now: the durable image plus each pending write as `fate`
     /// decides (called once per pending write, in issue order).
     pub fn crash_image(&self, fate: impl FnMut(usize) -> Fate) -> Vec<u8> {
-        image_after_loss(&self.shared.state.lock(), fate)
+        image_after_loss(&self.shared.state.lock().files[self.file], fate)
     }
 
     /// Arms a power loss that strikes inside the `n`-th sync from now (0 = the next one):
@@ -231,13 +294,29 @@ impl FaultBackend {
         s.crash_at = Some((at, mode));
     }
 
-    /// The image a power loss armed by [`crash_at_sync`](Self::crash_at_sync) left, once it
-    /// struck.
+    /// The image of this file a power loss armed by [`crash_at_sync`](Self::crash_at_sync)
+    /// left, once it struck.
     pub fn crashed_image(&self) -> Option<Vec<u8>> {
-        self.shared.state.lock().crash_image.clone()
+        self.shared
+            .state
+            .lock()
+            .crash_images
+            .as_ref()
+            .map(|images| images[self.file].clone())
     }
 
-    /// Syncs begun so far, including failed ones.
+    /// Whether the armed power loss struck inside a sync of the log (`Some(true)`) or of the
+    /// database file (`Some(false)`); `None` before it struck.
+    pub fn crash_struck_log(&self) -> Option<bool> {
+        self.shared.state.lock().crashed_in.map(|f| f == 1)
+    }
+
+    /// Syncs of this file begun so far, including failed ones.
+    pub fn file_syncs_begun(&self) -> u64 {
+        self.shared.state.lock().file_syncs[self.file]
+    }
+
+    /// Syncs begun so far on the disk (both files), including failed ones.
     pub fn syncs_begun(&self) -> u64 {
         self.shared.state.lock().syncs_begun
     }
@@ -252,7 +331,7 @@ impl FaultBackend {
     }
 }
 
-fn image_after_loss(s: &State, mut fate: impl FnMut(usize) -> Fate) -> Vec<u8> {
+fn image_after_loss(s: &File, mut fate: impl FnMut(usize) -> Fate) -> Vec<u8> {
     let mut image = s.durable.clone();
     for (i, p) in s.pending.iter().enumerate() {
         let f = fate(i);
@@ -292,7 +371,7 @@ impl StorageBackend for FaultBackend {
         if s.dead {
             return Err(io_error("dead disk"));
         }
-        Ok(s.live.len() as u64)
+        Ok(s.files[self.file].live.len() as u64)
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
@@ -302,7 +381,7 @@ impl StorageBackend for FaultBackend {
         }
         let start = usize::try_from(offset).map_err(|_| io_error("offset"))?;
         let end = start.saturating_add(out.len());
-        let src = s
+        let src = s.files[self.file]
             .live
             .get(start..end)
             .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past end"))?;
@@ -315,8 +394,9 @@ impl StorageBackend for FaultBackend {
         if s.dead {
             return Err(io_error("dead disk"));
         }
-        resize(&mut s.live, len);
-        s.pending.push(Pending::SetLen(len));
+        let file = &mut s.files[self.file];
+        resize(&mut file.live, len);
+        file.pending.push(Pending::SetLen(len));
         Ok(())
     }
 
@@ -326,10 +406,21 @@ impl StorageBackend for FaultBackend {
             return Err(io_error("dead disk"));
         }
         s.syncs_begun += 1;
+        s.file_syncs[self.file] += 1;
         if let Some((at, mode)) = s.crash_at
             && s.syncs_begun > at
         {
-            s.crash_image = Some(image_after_loss(&s, mode.fates()));
+            // One power loss for the whole disk: the fates run over the database's pending
+            // writes, then the log's.
+            let mut fates = mode.fates();
+            let mut seen = 0;
+            let images = s.files.each_ref().map(|f| {
+                let base = seen;
+                seen += f.pending.len();
+                image_after_loss(f, |i| fates(base + i))
+            });
+            s.crash_images = Some(images);
+            s.crashed_in = Some(self.file);
             s.crash_at = None;
             s.dead = true;
             self.shared.changed.notify_all();
@@ -353,8 +444,14 @@ impl StorageBackend for FaultBackend {
             Some(n) => s.sync_budget = Some(n - 1),
             None => {}
         }
-        s.durable = s.live.clone();
-        s.pending.clear();
+        // Only this file's pending writes become durable (O(pending), not a copy of the file).
+        let file = &mut s.files[self.file];
+        for p in std::mem::take(&mut file.pending) {
+            match p {
+                Pending::SetLen(len) => resize(&mut file.durable, len),
+                Pending::Write { offset, data } => write_at(&mut file.durable, offset, &data),
+            }
+        }
         s.syncs += 1;
         Ok(())
     }
@@ -370,8 +467,9 @@ impl StorageBackend for FaultBackend {
             Some(n) => s.write_budget = Some(n - 1),
             None => {}
         }
-        write_at(&mut s.live, offset, data);
-        s.pending.push(Pending::Write {
+        let file = &mut s.files[self.file];
+        write_at(&mut file.live, offset, data);
+        file.pending.push(Pending::Write {
             offset,
             data: data.to_vec(),
         });

@@ -15,8 +15,11 @@ use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
 use crate::retention::locate::Found;
 use crate::retention::records::{Created, Records};
+use crate::tables::TableRegistry;
 use crate::token::{FencingToken, Reservation};
 use crate::tx::Tx;
+use crate::tx_table::BusinessLog;
+use crate::wal::Effect;
 use crate::writer::op::{ClosureFailed, OpOutput, RecordOp, WriteOp};
 
 /// State shared by the ops of one transaction.
@@ -26,6 +29,8 @@ pub(crate) struct Ctx<'a> {
     /// The next fencing token to issue; advanced by every acquisition.
     pub(crate) next_token: &'a mut u64,
     pub(crate) limits: &'a Limits,
+    /// The caller tables whose writes are logged.
+    pub(crate) tables: &'a TableRegistry,
 }
 
 /// The result of applying one op.
@@ -40,6 +45,8 @@ pub(crate) struct Applied {
     /// An execute that took over an expired lease: its answer does not say so, so the writer
     /// counts it (a reservation's takeover is counted from its `Reservation`).
     pub(crate) execute_takeover: bool,
+    /// What its closure wrote to caller tables.
+    pub(crate) business: BusinessLog,
 }
 
 impl Applied {
@@ -50,6 +57,7 @@ impl Applied {
             abort: false,
             beyond_horizon: false,
             execute_takeover: false,
+            business: BusinessLog::default(),
         }
     }
 
@@ -63,22 +71,21 @@ impl Applied {
 
     fn changed(output: OpOutput) -> Self {
         Applied {
-            output: Ok(output),
             changed: true,
-            abort: false,
-            beyond_horizon: false,
-            execute_takeover: false,
+            ..Applied::answer(Ok(output))
         }
     }
 
     fn aborted(output: Result<OpOutput, Error>) -> Self {
         Applied {
-            output,
-            changed: false,
             abort: true,
-            beyond_horizon: false,
-            execute_takeover: false,
+            ..Applied::answer(output)
         }
+    }
+
+    /// With what its closure wrote.
+    fn wrote(self, business: BusinessLog) -> Self {
+        Applied { business, ..self }
     }
 }
 
@@ -95,30 +102,29 @@ pub(super) struct Segment {
     pub(super) ceiling: Option<u64>,
     /// Partitions it added to the catalog.
     pub(super) created: Created,
+    /// What it wrote, as post-images for the log.
+    pub(super) effects: Vec<Effect>,
+    /// Every write is in `effects`: no closure wrote a table the log cannot replay.
+    pub(super) logged: bool,
 }
 
-/// Opens a transaction and applies `ops` to it in order, leaving it uncommitted.
+/// Opens a transaction and applies `ops` to it in order, leaving it uncommitted. It will
+/// commit with `Durability::None`: the log, or a durable commit after it, is its durability.
 pub(super) fn apply_segment(
     engine: &Engine,
-    quick_repair: bool,
     ops: Vec<WriteOp>,
-    durable: bool,
     ctx: &mut Ctx<'_>,
     token_ceiling: u64,
 ) -> Result<Segment, Error> {
     let mut txn = engine.db.begin_write()?;
-    if !durable {
-        txn.set_durability(Durability::None)?;
-    } else if quick_repair {
-        txn.set_quick_repair(true);
-    }
+    txn.set_durability(Durability::None)?;
     let mut applied = Vec::with_capacity(ops.len());
-    let created = {
+    let (created, mut effects) = {
         let mut records = Records::open(&txn, &engine.layout)?;
         for op in ops {
             applied.push(apply(op, &txn, &mut records, ctx));
         }
-        records.created_partitions()
+        records.finish()
     };
     // Every token in a committed record must be below a ceiling committed with it (or
     // before it). Tokens of an acquisition that rolls back are skipped, never exposed.
@@ -129,12 +135,20 @@ pub(super) fn apply_segment(
         txn.open_table(META)?
             .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
         ceiling = Some(raised);
+        effects.push(Effect::Ceiling(raised));
+    }
+    let mut logged = true;
+    for a in &mut applied {
+        logged &= !a.business.unlogged;
+        effects.append(&mut a.business.effects);
     }
     Ok(Segment {
         txn,
         applied,
         ceiling,
         created,
+        effects,
+        logged,
     })
 }
 
@@ -169,9 +183,9 @@ fn try_apply(
     let now = ctx.now_ms;
     let (key, op) = match op {
         WriteOp::Run { body } => {
-            let mut tx = Tx::new(txn, now, false);
+            let mut tx = Tx::new(txn, ctx.tables, now, false);
             return Ok(match run_closure(|| body(&mut tx)) {
-                Ok(()) => Applied::changed(OpOutput::Ran),
+                Ok(()) => Applied::changed(OpOutput::Ran).wrote(tx.into_log()),
                 Err(failed) => Applied::aborted(Ok(failed)),
             });
         }
@@ -230,10 +244,11 @@ fn try_apply(
                 Ok(rec) => rec,
                 Err(e) => return Ok(Applied::answer(Err(e))),
             };
+            let mut wrote = BusinessLog::default();
             if let Some(business) = business {
-                let mut tx = Tx::new(txn, now, false);
+                let mut tx = Tx::new(txn, ctx.tables, now, false);
                 match run_closure(|| business(&mut tx)) {
-                    Ok(()) => {}
+                    Ok(()) => wrote = tx.into_log(),
                     Err(failed) => return Ok(Applied::aborted(Ok(failed))),
                 }
             }
@@ -241,7 +256,7 @@ fn try_apply(
             rec.updated_at = now;
             rec.response = response;
             records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            Ok(Applied::changed(OpOutput::Done))
+            Ok(Applied::changed(OpOutput::Done).wrote(wrote))
         }
         RecordOp::Release { token } => {
             if let Err(e) = check_owner(found.live, token) {
@@ -279,11 +294,12 @@ fn try_apply(
                     takeover,
                 } => (rec, beyond, takeover),
             };
-            let mut tx = Tx::new(txn, now, beyond);
+            let mut tx = Tx::new(txn, ctx.tables, now, beyond);
             let outcome = match run_closure(|| body(&mut tx)) {
                 Ok(outcome) => outcome,
                 Err(failed) => return Ok(Applied::aborted(Ok(failed))),
             };
+            let wrote = tx.into_log();
             if let Err(e) = ctx.limits.check_response(outcome.response()) {
                 return Ok(Applied::aborted(Err(e)));
             }
@@ -295,7 +311,8 @@ fn try_apply(
             rec.response = response;
             records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
             let mut applied =
-                Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)));
+                Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)))
+                    .wrote(wrote);
             applied.beyond_horizon = beyond;
             applied.execute_takeover = takeover;
             Ok(applied)

@@ -17,7 +17,7 @@ impl Writer {
         publish: impl FnOnce(&T),
     ) -> Result<T, Error> {
         let engine = &*self.engine;
-        let _leader = self.leader.lock();
+        let mut leader = self.leader.lock();
         if engine.is_poisoned() {
             return Err(engine.refusal());
         }
@@ -41,7 +41,11 @@ impl Writer {
                 });
             }
         };
+        // A durable commit covers every frame: it is a checkpoint.
+        super::checkpoint::record_checkpoint(&txn, leader.log.last_seq()).map_err(fail)?;
         txn.commit().map_err(|e| fail(e.into()))?;
+        leader.log.checkpointed();
+        engine.stats.add(crate::stats::Counter::Checkpoints);
         publish(&out);
         engine.snapshots.refresh();
         Ok(out)

@@ -12,6 +12,7 @@
 //! durably and covers them. Nobody is answered before that durable commit returns.
 
 mod apply;
+mod checkpoint;
 mod exclusive;
 pub(crate) mod op;
 mod queue;
@@ -30,6 +31,7 @@ use crate::observe::write_span;
 use crate::reentry::Committing;
 use crate::scope::RecordKey;
 use crate::stats::Counter;
+use crate::wal::Log;
 
 use apply::{Ctx, Segment, apply_segment};
 use op::{OpOutput, WriteOp};
@@ -53,10 +55,16 @@ struct LeaderState {
     /// The committed ceiling: every token in a committed record is below it.
     token_ceiling: u64,
     batch_seq: u64,
+    log: Log,
 }
 
 impl Writer {
-    pub(crate) fn new(engine: Arc<Engine>, config: WriterConfig, next_token: u64) -> Self {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        config: WriterConfig,
+        next_token: u64,
+        log: Log,
+    ) -> Self {
         Writer {
             engine,
             config,
@@ -67,6 +75,7 @@ impl Writer {
                 next_token,
                 token_ceiling: next_token,
                 batch_seq: 0,
+                log,
             }),
         }
     }
@@ -217,14 +226,10 @@ impl Writer {
         if engine.is_poisoned() {
             return (0..n).map(|_| Err(engine.refusal())).collect();
         }
-        let mut leader = self.leader.lock();
+        let mut guard = self.leader.lock();
+        let leader = &mut *guard;
         leader.batch_seq += 1;
         let seq = leader.batch_seq;
-        let LeaderState {
-            next_token,
-            token_ceiling,
-            ..
-        } = &mut *leader;
         let now_ms = engine.clock.now_ms();
         engine.layout.note_write_time(now_ms);
         let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
@@ -233,32 +238,27 @@ impl Writer {
         let mut ops = batch.into_iter().map(|j| j.op);
         let mut results: Vec<Result<OpOutput, Error>> = Vec::with_capacity(n);
         let mut changed: Vec<bool> = Vec::with_capacity(n);
-        // Some non-durable commit of this batch is not yet covered by a durable one.
-        let mut uncovered = false;
+        // What the committed transactions wrote, and whether all of it can be logged.
+        let mut effects = Vec::new();
+        let mut logged = true;
         let mut committed = false;
-        let last = segments.len().saturating_sub(1);
-        for (i, range) in segments.iter().enumerate() {
-            let durable = i == last;
+        for range in &segments {
             let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
             let mut ctx = Ctx {
                 now_ms,
                 database_id: engine.database_id,
-                next_token,
+                next_token: &mut leader.next_token,
                 limits: &engine.limits,
+                tables: &engine.tables,
             };
-            let segment = apply_segment(
-                engine,
-                self.config.quick_repair,
-                seg_ops,
-                durable,
-                &mut ctx,
-                *token_ceiling,
-            );
+            let segment = apply_segment(engine, seg_ops, &mut ctx, leader.token_ceiling);
             let Segment {
                 txn,
                 applied,
                 ceiling,
                 created,
+                effects: seg_effects,
+                logged: seg_logged,
             } = match segment {
                 Ok(done) => done,
                 Err(e) => return self.fail_batch(e, n),
@@ -267,27 +267,18 @@ impl Writer {
                 Err(e) => e.clone(),
                 Ok(_) => Error::Internal("rolled back without an error".into()),
             });
-            // A transaction that changed nothing is not worth an fsync.
-            let wrote = applied.iter().any(|a| a.changed);
-            let step = match &rollback {
-                None if wrote => {
-                    if !durable {
-                        // A `run` has no key; the mark still holds back `begin_read`.
-                        engine
-                            .durability
-                            .mark(keys[range.clone()].iter().flatten(), seq);
-                    }
-                    txn.commit().map_err(Error::from)
-                }
-                _ => txn.abort().map_err(Error::from).and_then(|()| {
-                    if durable && uncovered {
-                        // Earlier non-durable commits still need a durable one to cover them.
-                        let mut cover = engine.db.begin_write()?;
-                        cover.set_quick_repair(self.config.quick_repair);
-                        cover.commit()?;
-                    }
-                    Ok(())
-                }),
+            // A transaction that changed nothing is not worth a commit.
+            let commits = rollback.is_none() && applied.iter().any(|a| a.changed);
+            let step = if commits {
+                // Visible at once, durable only with the log append (or durable commit)
+                // below: its keys are marked first. A `run` has no key; the mark still holds
+                // back `begin_read`.
+                engine
+                    .durability
+                    .mark(keys[range.clone()].iter().flatten(), seq);
+                txn.commit().map_err(Error::from)
+            } else {
+                txn.abort().map_err(Error::from)
             };
             if let Err(e) = step {
                 return self.fail_batch(e, n);
@@ -295,20 +286,21 @@ impl Writer {
             // In-memory state follows the commit (design.md, I19): the ceiling moves only
             // with the transaction that wrote it; partitions placed by a transaction that did
             // not commit are forgotten.
-            if rollback.is_none() && wrote {
+            if commits {
                 if let Some(c) = ceiling {
-                    *token_ceiling = c;
+                    leader.token_ceiling = c;
                 }
                 engine
                     .stats
                     .add_n(Counter::ClockBehind, created.behind_newest);
+                effects.extend(seg_effects);
+                logged &= seg_logged;
             } else {
                 for id in created.ids {
                     engine.layout.partitions.remove(id);
                 }
             }
-            uncovered |= !durable && rollback.is_none() && wrote;
-            committed |= rollback.is_none() && wrote;
+            committed |= commits;
             for a in applied {
                 if a.beyond_horizon && rollback.is_none() {
                     engine.stats.add(Counter::BeyondHorizon);
@@ -324,6 +316,24 @@ impl Writer {
                 });
             }
         }
+        // The durability point: nobody is answered before it returned.
+        if committed {
+            let durable = if logged {
+                leader
+                    .log
+                    .append(&effects)
+                    .map(drop)
+                    .map_err(crate::wal::io_error)
+            } else {
+                // A closure wrote a table the log cannot replay: one durable commit covers
+                // the batch, and every frame before it (a checkpoint).
+                self.durable_commit(&mut leader.log)
+            };
+            if let Err(e) = durable {
+                return self.fail_batch(e, n);
+            }
+        }
+        let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
         if committed {
             // Before anyone is answered or woken: see snapshot.rs.
             engine.snapshots.refresh();
@@ -336,6 +346,10 @@ impl Writer {
                 .filter(|(_, c)| **c)
                 .filter_map(|(k, _)| k.as_ref()),
         );
+        drop(guard);
+        if wants_checkpoint {
+            self.request_checkpoint();
+        }
         results
     }
 

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -27,6 +28,8 @@ pub(crate) struct Queue {
     pub(super) leader_active: bool,
     /// The committer thread should lead the next batch.
     pub(super) committer_requested: bool,
+    /// The committer thread should take a checkpoint (the log is past its size).
+    pub(super) checkpoint_requested: bool,
     shutdown: bool,
     /// Async callers waiting for room in a full queue.
     pub(super) room_wakers: Vec<Waker>,
@@ -184,7 +187,9 @@ impl Writer {
 
     /// The committer thread's loop: leads for async callers until shutdown, then drains.
     pub(crate) fn run_committer(&self) {
+        let interval = self.config.checkpoint_interval;
         let mut queue = self.queue.lock();
+        let mut next_checkpoint = Instant::now() + interval;
         loop {
             if std::mem::take(&mut queue.committer_requested) {
                 drop(queue);
@@ -192,10 +197,19 @@ impl Writer {
                 queue = self.queue.lock();
                 continue;
             }
+            if std::mem::take(&mut queue.checkpoint_requested) || Instant::now() >= next_checkpoint
+            {
+                drop(queue);
+                // A failure poisoned the writer: later writes are refused with it.
+                let _ = self.checkpoint();
+                next_checkpoint = Instant::now() + interval;
+                queue = self.queue.lock();
+                continue;
+            }
             if queue.shutdown && !queue.leader_active {
                 return;
             }
-            self.committer.wait(&mut queue);
+            self.committer.wait_until(&mut queue, next_checkpoint);
         }
     }
 

@@ -61,7 +61,7 @@ pub fn fresh_shared() -> (TempDir, Arc<IdemDb>) {
 /// inject faults or read the image).
 pub fn on_backend(backend: &FaultBackend) -> IdemDb {
     IdemDb::builder()
-        .open_with_backend(backend.clone())
+        .open_with_backend(backend.clone(), backend.log())
         .unwrap()
 }
 

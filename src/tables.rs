@@ -1,0 +1,86 @@
+//! Caller tables registered on the [`Builder`](crate::Builder): what a closure writes to
+//! them is logged as post-images and replayed typed at open, so a batch running caller code
+//! needs no durable redb commit of its own (docs/design.md §5.3).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
+
+use crate::error::Error;
+
+/// Re-applies one logged write: `Some(value)` inserts, `None` removes.
+type Replay = dyn Fn(&WriteTransaction, &[u8], Option<&[u8]>) -> Result<(), Error> + Send + Sync;
+
+struct Registered {
+    key_type: String,
+    value_type: String,
+    replay: Arc<Replay>,
+}
+
+/// The registered tables, by name.
+#[derive(Default, Clone)]
+pub(crate) struct TableRegistry {
+    tables: HashMap<String, Arc<Registered>>,
+}
+
+impl std::fmt::Debug for TableRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.tables.keys()).finish()
+    }
+}
+
+impl TableRegistry {
+    pub(crate) fn register<K: Key + 'static, V: Value + 'static>(
+        &mut self,
+        definition: TableDefinition<'static, K, V>,
+    ) {
+        let name = definition.name().to_string();
+        // Captures the name only: a definition is neither Send nor Sync for every K and V.
+        let replay = move |txn: &WriteTransaction, key: &[u8], value: Option<&[u8]>| {
+            let mut table = txn.open_table(TableDefinition::<K, V>::new(&name))?;
+            match value {
+                Some(v) => {
+                    table.insert(K::from_bytes(key), V::from_bytes(v))?;
+                }
+                None => {
+                    table.remove(K::from_bytes(key))?;
+                }
+            }
+            Ok(())
+        };
+        self.tables.insert(
+            definition.name().to_string(),
+            Arc::new(Registered {
+                key_type: K::type_name().name().to_string(),
+                value_type: V::type_name().name().to_string(),
+                replay: Arc::new(replay),
+            }),
+        );
+    }
+
+    /// Whether writes to `name` with these types can be logged: registered with the same
+    /// types (a table opened with other types is written, and committed, the slow way).
+    pub(crate) fn logs<K: Key, V: Value>(&self, name: &str) -> bool {
+        self.tables.get(name).is_some_and(|r| {
+            r.key_type == K::type_name().name() && r.value_type == V::type_name().name()
+        })
+    }
+
+    /// Re-applies a logged write to the caller table `name` at recovery.
+    pub(crate) fn replay(
+        &self,
+        txn: &WriteTransaction,
+        name: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), Error> {
+        let registered = self.tables.get(name).ok_or_else(|| {
+            Error::Corrupted(format!(
+                "the log holds writes to the table {name:?}, which is not registered: open \
+                 with `Builder::table` for it, as the run that wrote the log did"
+            ))
+        })?;
+        (registered.replay)(txn, key, value)
+    }
+}

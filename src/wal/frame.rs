@@ -1,0 +1,284 @@
+//! The log's byte layout: the segment header and the frames (docs/design.md §5.3).
+//!
+//! All integers are little-endian. A frame starts on a 512-byte boundary and is padded with
+//! zeros to the next one, so that recovery can look for valid frames past a bad one.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Bytes of the segment header; frames start here.
+pub(crate) const HEADER_LEN: u64 = 512;
+/// Frames are aligned (and padded) to this.
+pub(crate) const ALIGN: u64 = 512;
+/// Bytes of a frame's own header, before its payload.
+pub(crate) const FRAME_HEADER_LEN: usize = 32;
+
+const SEGMENT_MAGIC: &[u8; 8] = b"idemwal\0";
+const SEGMENT_VERSION: u32 = 1;
+const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IDMF");
+
+const PUT: u8 = 1;
+const REMOVE: u8 = 2;
+const CEILING: u8 = 3;
+
+/// One effect of a batch, as an absolute post-image: applying it twice is applying it once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// `table` (the in-flight table or a partition) holds `value` under `key`.
+    Put {
+        table: String,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// `table` holds nothing under `key`.
+    Remove { table: String, key: Vec<u8> },
+    /// The token ceiling in meta is this.
+    Ceiling(u64),
+}
+
+/// The segment header, in sector 0 of the log file.
+pub(crate) fn encode_header(database_id: u64) -> Vec<u8> {
+    let mut out = vec![0u8; HEADER_LEN as usize];
+    out[0..8].copy_from_slice(SEGMENT_MAGIC);
+    out[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    out[16..24].copy_from_slice(&database_id.to_le_bytes());
+    let sum = xxh3_64(&out[0..24]);
+    out[24..32].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// What sector 0 of a log file says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Header {
+    /// A valid header of this database's identity.
+    Of(u64),
+    /// Not a valid header: never written, torn while it was created, or damaged.
+    Invalid,
+}
+
+pub(crate) fn decode_header(bytes: &[u8]) -> Header {
+    let Some(h) = bytes.get(0..32) else {
+        return Header::Invalid;
+    };
+    if &h[0..8] != SEGMENT_MAGIC
+        || u32_at(h, 8) != SEGMENT_VERSION
+        || u64_at(h, 24) != xxh3_64(&h[0..24])
+    {
+        return Header::Invalid;
+    }
+    Header::Of(u64_at(h, 16))
+}
+
+/// A frame, padded to [`ALIGN`].
+pub(crate) fn encode_frame(seq: u64, database_id: u64, effects: &[Effect]) -> Vec<u8> {
+    let mut out = vec![0u8; FRAME_HEADER_LEN];
+    out.extend_from_slice(&(effects.len() as u32).to_le_bytes());
+    for e in effects {
+        match e {
+            Effect::Put { table, key, value } => {
+                out.push(PUT);
+                put_name(&mut out, table);
+                put_bytes(&mut out, key);
+                put_bytes(&mut out, value);
+            }
+            Effect::Remove { table, key } => {
+                out.push(REMOVE);
+                put_name(&mut out, table);
+                put_bytes(&mut out, key);
+            }
+            Effect::Ceiling(c) => {
+                out.push(CEILING);
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+    }
+    let payload_len = (out.len() - FRAME_HEADER_LEN) as u32;
+    out[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+    out[4..8].copy_from_slice(&payload_len.to_le_bytes());
+    out[8..16].copy_from_slice(&seq.to_le_bytes());
+    out[16..24].copy_from_slice(&database_id.to_le_bytes());
+    let sum = checksum(&out[0..24], &out[FRAME_HEADER_LEN..]);
+    out[24..32].copy_from_slice(&sum.to_le_bytes());
+    let padded = align_up(out.len() as u64) as usize;
+    out.resize(padded, 0);
+    out
+}
+
+/// A valid frame found in the log.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub(crate) seq: u64,
+    pub(crate) effects: Vec<Effect>,
+    /// Bytes it occupies, padding included.
+    pub(crate) len: u64,
+}
+
+/// The frame at the start of `bytes`, if one of `database_id` is there whole and intact.
+/// Torn, zeroed, foreign and damaged frames all read as `None`.
+pub(crate) fn decode_frame(bytes: &[u8], database_id: u64) -> Option<Frame> {
+    let head = bytes.get(0..FRAME_HEADER_LEN)?;
+    if u32_at(head, 0) != FRAME_MAGIC || u64_at(head, 16) != database_id {
+        return None;
+    }
+    let payload_len = u32_at(head, 4) as usize;
+    let payload = bytes.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN.checked_add(payload_len)?)?;
+    if checksum(&head[0..24], payload) != u64_at(head, 24) {
+        return None;
+    }
+    let effects = decode_effects(payload)?;
+    Some(Frame {
+        seq: u64_at(head, 8),
+        effects,
+        len: align_up((FRAME_HEADER_LEN + payload_len) as u64),
+    })
+}
+
+/// Rounds up to the frame alignment.
+pub(crate) fn align_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN).saturating_mul(ALIGN)
+}
+
+fn checksum(head: &[u8], payload: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(head);
+    h.update(payload);
+    h.digest()
+}
+
+/// A checksummed payload that does not parse was written by a bug, or is a collision: it is
+/// read as not a frame, and recovery decides what that means by its position.
+fn decode_effects(payload: &[u8]) -> Option<Vec<Effect>> {
+    let mut r = Reader { bytes: payload };
+    let n = r.u32()?;
+    // Every effect takes at least 9 bytes: a count beyond that is not a frame.
+    let mut effects = Vec::with_capacity((n as usize).min(payload.len() / 9));
+    for _ in 0..n {
+        effects.push(match r.u8()? {
+            PUT => Effect::Put {
+                table: r.name()?,
+                key: r.bytes()?,
+                value: r.bytes()?,
+            },
+            REMOVE => Effect::Remove {
+                table: r.name()?,
+                key: r.bytes()?,
+            },
+            CEILING => Effect::Ceiling(r.u64()?),
+            _ => return None,
+        });
+    }
+    r.bytes.is_empty().then_some(effects)
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    // Table names are idemdb's own (at most ~60 bytes): u16 is ample.
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < n {
+            return None;
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4).map(|b| u32_at(b, 0))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8).map(|b| u64_at(b, 0))
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        let n = self.u32()? as usize;
+        self.take(n).map(<[u8]>::to_vec)
+    }
+    fn name(&mut self) -> Option<String> {
+        let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Effect> {
+        vec![
+            Effect::Put {
+                table: "idemdb_inflight".into(),
+                key: b"k1".to_vec(),
+                value: vec![7; 300],
+            },
+            Effect::Remove {
+                table: "idemdb_inflight".into(),
+                key: b"k0".to_vec(),
+            },
+            Effect::Ceiling(8192),
+        ]
+    }
+
+    #[test]
+    fn a_frame_round_trips_and_is_padded_to_a_sector() {
+        let bytes = encode_frame(42, 9, &sample());
+        assert_eq!(bytes.len() % ALIGN as usize, 0);
+        let frame = decode_frame(&bytes, 9).unwrap();
+        assert_eq!((frame.seq, frame.len), (42, bytes.len() as u64));
+        assert_eq!(frame.effects, sample());
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_frame_is_caught() {
+        let bytes = encode_frame(3, 9, &sample());
+        let used = FRAME_HEADER_LEN + u32_at(&bytes, 4) as usize;
+        for bit in 0..used * 8 {
+            let mut bad = bytes.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(decode_frame(&bad, 9), None, "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn a_frame_of_another_database_or_a_truncated_one_is_not_read() {
+        let bytes = encode_frame(3, 9, &sample());
+        assert_eq!(decode_frame(&bytes, 10), None);
+        assert_eq!(decode_frame(&bytes[..100], 9), None);
+        assert_eq!(decode_frame(&[0u8; 1024], 9), None);
+    }
+
+    #[test]
+    fn the_header_names_its_database_and_detects_damage() {
+        let h = encode_header(77);
+        assert_eq!(decode_header(&h), Header::Of(77));
+        let mut bad = h.clone();
+        bad[17] ^= 4;
+        assert_eq!(decode_header(&bad), Header::Invalid);
+        assert_eq!(decode_header(&[0u8; 512]), Header::Invalid);
+        assert_eq!(decode_header(&h[..10]), Header::Invalid);
+    }
+}

@@ -1,0 +1,303 @@
+//! What opening does with a damaged, foreign or orphaned write-ahead log (docs/design.md §5.3):
+//! a torn last frame is dropped (its callers were never answered), damage to a frame that was
+//! once durable is `Corrupted`, a zeroed log replays nothing, and a log that is not this
+//! database's, or has lost its database file, is refused without being touched.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{LEASE, T0, acquired};
+use idemdb::testing::{FaultBackend, SECTOR};
+use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
+
+fn scope() -> Scope {
+    Scope::new("pay", "u1")
+}
+
+/// A database that takes no checkpoint while the test runs: every acknowledged outcome after
+/// the open lives in the log alone until close.
+fn open_unchecked(disk: &FaultBackend) -> Result<IdemDb, Error> {
+    IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_bytes(1 << 30)
+        .open_with_backend(disk.clone(), disk.log())
+}
+
+/// The disk as a power loss right after the last acknowledged call leaves it.
+fn crash(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
+    let disk = backend.durable_disk();
+    backend.kill();
+    drop(db);
+    disk
+}
+
+struct Logged {
+    /// Both files just before the last frame was appended.
+    before: FaultBackend,
+    /// Both files just after (the last frame durable).
+    after: FaultBackend,
+}
+
+/// Three keys completed (six frames), then `k3` reserved and completed with a response
+/// large enough that its last frame spans several sectors.
+fn logged_run() -> Logged {
+    let backend = FaultBackend::new();
+    let db = open_unchecked(&backend).unwrap();
+    for i in 0..4 {
+        let r = acquired(
+            db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+                .unwrap(),
+        );
+        if i < 3 {
+            db.complete(&r, format!("done {i}").into_bytes()).unwrap();
+        } else {
+            let before = backend.durable_disk();
+            db.complete(&r, vec![b'x'; 3000]).unwrap();
+            return Logged {
+                before,
+                after: crash(&backend, db),
+            };
+        }
+    }
+    unreachable!()
+}
+
+/// The byte range in which two images differ, widened to whole sectors.
+fn changed_sectors(a: &[u8], b: &[u8]) -> std::ops::Range<usize> {
+    let first = (0..a.len().max(b.len()))
+        .find(|&i| a.get(i) != b.get(i))
+        .unwrap();
+    let last = (0..a.len().max(b.len()))
+        .rev()
+        .find(|&i| a.get(i) != b.get(i))
+        .unwrap();
+    first / SECTOR * SECTOR..(last / SECTOR + 1) * SECTOR
+}
+
+fn state(db: &IdemDb, key: &str) -> Option<RecordState> {
+    db.get(&scope(), &Key::new(key)).unwrap().map(|r| r.state)
+}
+
+/// The first three keys are completed, whatever happened to the last frame.
+fn assert_first_three_completed(db: &IdemDb) {
+    for i in 0..3 {
+        assert_eq!(
+            db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+                .unwrap(),
+            ReserveOutcome::Completed(format!("done {i}").into_bytes())
+        );
+    }
+}
+
+#[test]
+fn acknowledged_outcomes_that_live_only_in_the_log_are_replayed_at_open() {
+    let run = logged_run();
+    let db = open_unchecked(&run.after).unwrap();
+    assert_eq!(db.stats().replayed_frames, 8);
+    assert_first_three_completed(&db);
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("k3"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(vec![b'x'; 3000])
+    );
+    // Replayed and checkpointed at open: a second crash replays nothing.
+    let disk = crash(&run.after, db);
+    let db = open_unchecked(&disk).unwrap();
+    assert_eq!(db.stats().replayed_frames, 0);
+    assert_eq!(state(&db, "k3"), Some(RecordState::Completed));
+}
+
+#[test]
+fn a_frame_torn_at_every_sector_boundary_is_dropped_and_the_frames_before_it_replay() {
+    let run = logged_run();
+    let old = run.before.log().durable_image();
+    let new = run.after.log().durable_image();
+    let frame = changed_sectors(&old, &new);
+    let sectors = frame.len() / SECTOR;
+    assert!(sectors >= 6, "the last frame spans {sectors} sectors");
+    // Every prefix of the frame's sectors reached the disk, and every single sector alone.
+    let mut patterns: Vec<Vec<bool>> = (0..sectors)
+        .map(|n| (0..sectors).map(|s| s < n).collect())
+        .collect();
+    patterns.extend((0..sectors).map(|only| (0..sectors).map(|s| s == only).collect()));
+    patterns.extend((0..sectors).map(|lost| (0..sectors).map(|s| s != lost).collect()));
+    for kept in patterns {
+        let mut log = old.clone();
+        for (s, keep) in kept.iter().enumerate() {
+            if *keep {
+                let at = frame.start + s * SECTOR;
+                log[at..at + SECTOR].copy_from_slice(&new[at..at + SECTOR]);
+            }
+        }
+        let disk = FaultBackend::from_images(run.after.durable_image(), log);
+        let db = open_unchecked(&disk).unwrap_or_else(|e| panic!("{kept:?}: {e}"));
+        assert_eq!(db.stats().replayed_frames, 7, "{kept:?}");
+        assert_first_three_completed(&db);
+        // The torn completion was never acknowledged: k3 is still reserved.
+        assert_eq!(state(&db, "k3"), Some(RecordState::InProgress), "{kept:?}");
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_the_last_frame_is_a_torn_tail_and_in_an_earlier_one_is_corruption() {
+    let run = logged_run();
+    let old = run.before.log().durable_image();
+    let new = run.after.log().durable_image();
+    let last = changed_sectors(&old, &new);
+
+    let mut log = new.clone();
+    log[last.start + 100] ^= 0x10;
+    let disk = FaultBackend::from_images(run.after.durable_image(), log);
+    let db = open_unchecked(&disk).unwrap();
+    assert_eq!(db.stats().replayed_frames, 7);
+    assert_eq!(state(&db, "k3"), Some(RecordState::InProgress));
+    drop(db);
+
+    // The first frame (k0's reservation) starts right after the 512-byte header.
+    let mut log = new.clone();
+    log[SECTOR + 40] ^= 0x01;
+    let disk = FaultBackend::from_images(run.after.durable_image(), log.clone());
+    match open_unchecked(&disk) {
+        Err(Error::Corrupted(why)) => assert!(why.contains("damaged"), "{why}"),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    // Refused without touching the log.
+    assert!(disk.log().live_image() == log, "the log was changed");
+}
+
+#[test]
+fn a_zero_filled_log_replays_nothing_and_the_database_opens_at_its_checkpoint() {
+    let run = logged_run();
+    for keep_header in [true, false] {
+        let mut log = run.after.log().durable_image();
+        let from = if keep_header { SECTOR } else { 0 };
+        log[from..].fill(0);
+        let disk = FaultBackend::from_images(run.after.durable_image(), log);
+        let db = open_unchecked(&disk).unwrap();
+        // What the log held is gone with it: the file is as its last checkpoint left it.
+        assert_eq!(db.stats().replayed_frames, 0);
+        assert_eq!(state(&db, "k0"), None);
+        let r = acquired(db.reserve(&scope(), &Key::new("new"), b"p", LEASE).unwrap());
+        db.complete(&r, b"ok".to_vec()).unwrap();
+        // A zeroed header is rewritten: the log works again, crash and all.
+        let disk = crash(&disk, db);
+        let db = open_unchecked(&disk).unwrap();
+        assert_eq!(db.stats().replayed_frames, 2, "header kept: {keep_header}");
+        assert_eq!(state(&db, "new"), Some(RecordState::Completed));
+    }
+}
+
+#[test]
+fn a_log_of_another_database_is_refused_and_left_alone() {
+    let run = logged_run();
+    let other = FaultBackend::new();
+    drop(open_unchecked(&other).unwrap());
+    let foreign_log = run.after.log().durable_image();
+    let disk = FaultBackend::from_images(other.durable_image(), foreign_log.clone());
+    match open_unchecked(&disk) {
+        Err(Error::Corrupted(why)) => assert!(why.contains("another database"), "{why}"),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    assert!(
+        disk.log().live_image() == foreign_log,
+        "the log was changed"
+    );
+}
+
+#[test]
+fn a_log_whose_database_file_is_missing_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.idemdb");
+    let log_path = dir.path().join("orders.idemdb-wal");
+    {
+        let db = IdemDb::open(&path).unwrap();
+        let r = acquired(db.reserve(&scope(), &Key::new("k"), b"p", LEASE).unwrap());
+        db.complete(&r, b"ok".to_vec()).unwrap();
+    }
+    let log = std::fs::read(&log_path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    match IdemDb::open(&path) {
+        Err(Error::Corrupted(why)) => assert!(why.contains("missing"), "{why}"),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    assert!(!path.exists(), "no empty database was created");
+    assert!(
+        std::fs::read(&log_path).unwrap() == log,
+        "the log was changed"
+    );
+    // The same over backends: an empty database storage beside a log.
+    let disk = FaultBackend::from_images(Vec::new(), log);
+    assert!(matches!(open_unchecked(&disk), Err(Error::Corrupted(_))));
+    // Deleting the log is the documented way to start afresh.
+    std::fs::remove_file(&log_path).unwrap();
+    let db = IdemDb::open(&path).unwrap();
+    assert_eq!(db.get(&scope(), &Key::new("k")).unwrap(), None);
+}
+
+#[test]
+fn the_log_is_reused_from_its_start_after_each_checkpoint() {
+    let backend = FaultBackend::new();
+    let db = IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_bytes(64 << 10)
+        .open_with_backend(backend.clone(), backend.log())
+        .unwrap();
+    let initial = db.stats().log_bytes_on_disk;
+    // ~2,000 frames of at least a sector each: 1 MiB of frames, 16 times the threshold.
+    for i in 0..1000 {
+        let r = acquired(
+            db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+                .unwrap(),
+        );
+        db.complete(&r, vec![1; 100]).unwrap();
+    }
+    let stats = db.stats();
+    assert!(stats.checkpoints >= 10, "{} checkpoints", stats.checkpoints);
+    assert_eq!(stats.log_bytes_on_disk, initial, "the log grew");
+    assert_eq!(backend.log().live_image().len() as u64, initial);
+    let disk = crash(&backend, db);
+    let db = open_unchecked(&disk).unwrap();
+    // Only what followed the last checkpoint is replayed, and every key is there.
+    assert!(db.stats().replayed_frames < 200);
+    for i in 0..1000 {
+        assert_eq!(
+            state(&db, &format!("k{i}")),
+            Some(RecordState::Completed),
+            "k{i}"
+        );
+    }
+}
+
+#[test]
+fn a_frame_larger_than_the_log_grows_it_and_survives_a_crash() {
+    let backend = FaultBackend::new();
+    let mut limits = idemdb::Limits::default();
+    limits.max_response_len = 3 << 20;
+    let db = IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .limits(limits)
+        .checkpoint_interval(Duration::from_secs(3600))
+        .open_with_backend(backend.clone(), backend.log())
+        .unwrap();
+    let initial = db.stats().log_bytes_on_disk;
+    let r = acquired(db.reserve(&scope(), &Key::new("big"), b"p", LEASE).unwrap());
+    let body: Vec<u8> = (0..(2 << 20)).map(|i| (i % 251) as u8).collect();
+    db.complete(&r, body.clone()).unwrap();
+    assert!(db.stats().log_bytes_on_disk > initial);
+    let disk = crash(&backend, db);
+    let db = IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .limits({
+            let mut l = idemdb::Limits::default();
+            l.max_response_len = 3 << 20;
+            l
+        })
+        .open_with_backend(disk.clone(), disk.log())
+        .unwrap();
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("big"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(body)
+    );
+}
