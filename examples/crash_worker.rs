@@ -90,7 +90,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: crash_worker DB_PATH RUN_ID")?;
     let run = args.next().ok_or("usage: crash_worker DB_PATH RUN_ID")?;
-    let db = Arc::new(IdemDb::open(path)?);
+    // Registered: the order rows are logged with their records, so a kill lands on the log path.
+    let db = Arc::new(IdemDb::builder().table(ORDERS).open(path)?);
     say("READY".into());
     let threads: Vec<_> = (0..4)
         .map(|t| {

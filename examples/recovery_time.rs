@@ -1,6 +1,8 @@
-//! Measures open() after an unclean exit (SIGKILL) of a process that stored N records and
-//! then wrote a full log (64 MiB of frames after the last checkpoint): the redb repair, the
-//! log's replay, and the key index's rebuild, with and without page verification.
+//! Measures open() after an unclean exit (SIGKILL) of a process that stored N records (N
+//! lifecycles, reserve + complete, with the default checkpoints) and then wrote a full log
+//! (64 MiB of frames after the last checkpoint): the redb repair, the log's replay, and the
+//! key index's rebuild, with and without page verification. Also prints the files' sizes
+//! after the N lifecycles and the checkpoints they took.
 //!
 //! `cargo run --release --example recovery_time -- [N] [LOG_MIB]` (default 1,000,000 and 64)
 
@@ -9,15 +11,17 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, Scope};
+use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 
 const THREADS: u64 = 64;
 
-/// Executes keys `from..to` of `prefix` on 64 threads, until `until` says stop.
-fn execute_keys(
+/// Runs keys `from..to` of `prefix` on 64 threads, as lifecycles (reserve + complete) or
+/// executes, until `until` says stop.
+fn run_keys(
     db: &Arc<IdemDb>,
     prefix: &'static str,
     range: std::ops::Range<u64>,
+    lifecycles: bool,
     until: impl Fn(&IdemDb) -> bool + Send + Sync + Copy + 'static,
 ) -> Result<u64, Box<dyn std::error::Error>> {
     let threads: Vec<_> = (0..THREADS)
@@ -32,11 +36,23 @@ fn execute_keys(
                         break;
                     }
                     let key = Key::new(format!("{prefix}-{i:08}"));
-                    let outcome = db.execute(&scope, &key, b"payload", |_tx| {
-                        Ok::<_, Error>(Outcome::Completed(b"201 {\"order\":1}".to_vec()))
-                    })?;
-                    if !matches!(outcome, ExecuteOutcome::Executed(_)) {
-                        return Err(Error::Corrupted("a fresh key was not executed".into()));
+                    let response = b"201 {\"order\":1}".to_vec();
+                    if lifecycles {
+                        match db.reserve(&scope, &key, b"payload", Duration::from_secs(30))? {
+                            ReserveOutcome::Acquired(r) => db.complete(&r, response)?,
+                            _ => {
+                                return Err(Error::Corrupted(
+                                    "a fresh key was not acquired".into(),
+                                ));
+                            }
+                        }
+                    } else {
+                        let outcome = db.execute(&scope, &key, b"payload", |_tx| {
+                            Ok::<_, Error>(Outcome::Completed(response))
+                        })?;
+                        if !matches!(outcome, ExecuteOutcome::Executed(_)) {
+                            return Err(Error::Corrupted("a fresh key was not executed".into()));
+                        }
                     }
                     done += 1;
                 }
@@ -57,7 +73,23 @@ fn fill(path: &str, n: u64, log_bytes: u64) -> Result<(), Box<dyn std::error::Er
     let started = Instant::now();
     {
         let db = Arc::new(IdemDb::open(path)?);
-        execute_keys(&db, "key", 0..n, |_| false)?;
+        run_keys(&db, "key", 0..n, true, |_| false)?;
+        let fill_s = started.elapsed().as_secs_f64();
+        let stats = db.stats();
+        let ckpt = &stats.checkpoint_latency_us;
+        eprintln!(
+            "{n} lifecycles in {fill_s:.1} s ({:.0}/s), default checkpoints: database file \
+             {:.0} MB, log file {:.1} MiB; {} checkpoints, {} by size or age, their latency \
+             p50 ≤ {:.1} ms, p99 ≤ {:.1} ms, max ≤ {:.1} ms",
+            n as f64 / fill_s,
+            stats.bytes_on_disk as f64 / 1e6,
+            stats.log_bytes_on_disk as f64 / (1 << 20) as f64,
+            stats.checkpoints,
+            ckpt.count,
+            ckpt.quantile_upper_bound(0.5) as f64 / 1e3,
+            ckpt.quantile_upper_bound(0.99) as f64 / 1e3,
+            ckpt.quantile_upper_bound(1.0) as f64 / 1e3,
+        );
     }
     let fill_s = started.elapsed().as_secs_f64();
     let db = Arc::new(
@@ -66,7 +98,7 @@ fn fill(path: &str, n: u64, log_bytes: u64) -> Result<(), Box<dyn std::error::Er
             .checkpoint_interval(Duration::from_secs(24 * 3600))
             .open(path)?,
     );
-    let logged = execute_keys(&db, "after", 0..u64::MAX / 2, move |db| {
+    let logged = run_keys(&db, "after", 0..u64::MAX / 2, false, move |db| {
         db.stats().log_bytes_since_checkpoint >= log_bytes
     })?;
     let stats = db.stats();
@@ -120,7 +152,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mb = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len() as f64 / 1e6);
     let log_path = dir.path().join("fill.idemdb-wal");
     println!(
-        "records: {n} stored in {fill_s} s, then {logged} executes logged after the last \
+        "records: {n} stored in {fill_s} s (and closed), then {logged} executes logged after the last \
          checkpoint: {:.1} MiB of frames, log file {:.1} MiB, database file {:.0} MB",
         frames.parse::<f64>()? / (1 << 20) as f64,
         log_file.parse::<f64>()? / (1 << 20) as f64,

@@ -79,11 +79,12 @@ pub struct Stats {
     pub finished: u64,
     /// Records released after a transient failure.
     pub releases: u64,
-    /// Durable commits made by the writer.
+    /// Batches the writer made durable, each by one log append (or, when a closure wrote an
+    /// unregistered table, one durable redb commit).
     pub commits: u64,
     /// Operations per commit batch.
     pub batch_size: Histogram,
-    /// Time from a batch's first transaction to its durable commit, in microseconds.
+    /// Time from a batch's first transaction to its durability point, in microseconds.
     pub commit_latency_us: Histogram,
     /// Keys that came back beyond their retention (a copy of the record expired, or it was
     /// dropped and is still recognised): acquired with the flag, or refused by policy.

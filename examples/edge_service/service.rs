@@ -38,7 +38,12 @@ struct Purchase {
 
 pub async fn run(args: &Args) -> Result<(), BoxError> {
     let state = Service {
-        db: Arc::new(IdemDb::open(args.required("--db")?)?),
+        // Registered: an order row is logged with its record (one log append per batch).
+        db: Arc::new(
+            IdemDb::builder()
+                .table(ORDERS)
+                .open(args.required("--db")?)?,
+        ),
         provider: args
             .required("--provider")?
             .trim_end_matches('/')

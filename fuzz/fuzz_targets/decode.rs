@@ -1,6 +1,8 @@
 //! Arbitrary bytes fed to the record decoder, and as a whole file to open(): an error or a
-//! value, never a panic. Half the inputs are patches over a valid idemdb file, so the fuzzer
-//! gets past the file header into redb's and idemdb's own checks.
+//! value, never a panic. A quarter of the inputs are patches over a valid idemdb file, so the
+//! fuzzer gets past the file header into redb's and idemdb's own checks; another quarter are
+//! patches over a valid write-ahead log whose frames open() must replay (the database file
+//! as a crash left it, before any checkpoint), so recovery's frame parsing and checks run.
 
 #![no_main]
 
@@ -12,11 +14,13 @@ use idemdb::{IdemDb, Key, Record, ReserveOutcome, Scope};
 use libfuzzer_sys::fuzz_target;
 
 /// A small valid database: records in every state.
-fn valid_image() -> &'static [u8] {
-    static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
-    IMAGE.get_or_init(|| {
+/// Returns (database after a clean close, database + log as a crash left them).
+fn valid_images() -> &'static (Vec<u8>, (Vec<u8>, Vec<u8>)) {
+    static IMAGES: OnceLock<(Vec<u8>, (Vec<u8>, Vec<u8>))> = OnceLock::new();
+    IMAGES.get_or_init(|| {
         let backend = FaultBackend::new();
         let db = IdemDb::builder()
+            .checkpoint_interval(Duration::from_secs(3600))
             .open_with_backend(backend.clone(), backend.log())
             .expect("open an empty backend");
         let scope = Scope::new("op", "p");
@@ -32,13 +36,29 @@ fn valid_image() -> &'static [u8] {
                 };
             }
         }
+        let crashed = (backend.durable_image(), backend.log().durable_image());
         drop(db);
-        backend.live_image()
+        (backend.live_image(), crashed)
     })
 }
 
-fn exercise(image: Vec<u8>) {
-    let backend = FaultBackend::from_image(image);
+/// Xors `patches` ((u16 offset in 64-byte units, 4 bytes) repeated) into a copy of `image`.
+fn patched(image: &[u8], patches: &[u8]) -> Vec<u8> {
+    let mut image = image.to_vec();
+    for patch in patches.chunks_exact(6) {
+        let unit = usize::from(u16::from_le_bytes([patch[0], patch[1]]));
+        let at = (unit * 64) % image.len().max(1);
+        for (i, b) in patch[2..].iter().enumerate() {
+            if let Some(byte) = image.get_mut(at + i) {
+                *byte ^= b;
+            }
+        }
+    }
+    image
+}
+
+fn exercise(image: Vec<u8>, log: Vec<u8>) {
+    let backend = FaultBackend::from_images(image, log);
     if let Ok(db) = IdemDb::builder().open_with_backend(backend.clone(), backend.log()) {
         let scope = Scope::new("op", "p");
         for i in 0..4 {
@@ -54,21 +74,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(record.attempts > 0);
         assert!(record.token.get() > 0);
     }
+    let (closed, (crashed_db, crashed_log)) = valid_images();
     match data.split_first() {
-        Some((mode, patches)) if mode % 2 == 1 => {
-            // Patches: (u16 offset in 64-byte units, 4 bytes to xor) repeated.
-            let mut image = valid_image().to_vec();
-            for patch in patches.chunks_exact(6) {
-                let unit = usize::from(u16::from_le_bytes([patch[0], patch[1]]));
-                let at = (unit * 64) % image.len().max(1);
-                for (i, b) in patch[2..].iter().enumerate() {
-                    if let Some(byte) = image.get_mut(at + i) {
-                        *byte ^= b;
-                    }
-                }
-            }
-            exercise(image);
+        Some((mode, patches)) if mode % 4 == 1 => exercise(patched(closed, patches), Vec::new()),
+        Some((mode, patches)) if mode % 4 == 3 => {
+            exercise(crashed_db.clone(), patched(crashed_log, patches))
         }
-        _ => exercise(data.to_vec()),
+        _ => exercise(data.to_vec(), Vec::new()),
     }
 });
