@@ -245,7 +245,7 @@ fn the_log_is_reused_from_its_start_after_each_checkpoint() {
         .open_with_backend(backend.clone(), backend.log())
         .unwrap();
     let initial = db.stats().log_bytes_on_disk;
-    // ~2,000 frames of at least a sector each: 1 MiB of frames, 16 times the threshold.
+    // 2,000 frames of a sector each: 1 MiB of frames, 16 times the threshold.
     for i in 0..1000 {
         let r = acquired(
             db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
@@ -254,7 +254,9 @@ fn the_log_is_reused_from_its_start_after_each_checkpoint() {
         db.complete(&r, vec![1; 100]).unwrap();
     }
     let stats = db.stats();
-    assert!(stats.checkpoints >= 10, "{} checkpoints", stats.checkpoints);
+    // By size: the committer thread takes them past 64 KiB, and a leader that finds 128 KiB
+    // of frames (the thread starved of CPU) takes one itself, so at least 7 over 1 MiB.
+    assert!(stats.checkpoints >= 7, "{} checkpoints", stats.checkpoints);
     assert_eq!(stats.log_bytes_on_disk, initial, "the log grew");
     assert_eq!(backend.log().live_image().len() as u64, initial);
     let disk = crash(&backend, db);

@@ -333,6 +333,15 @@ impl Writer {
                 return self.fail_batch(e, n);
             }
         }
+        let behind = leader.log.bytes_since_checkpoint();
+        if behind >= self.config.checkpoint_bytes.saturating_mul(2) {
+            // The committer thread has fallen behind (starved of CPU): the leader takes the
+            // checkpoint itself, so the log stays near its size. This batch is durable in the
+            // log either way; a failed checkpoint poisons the engine for later writes.
+            if self.durable_commit(&mut leader.log).is_err() {
+                engine.poison();
+            }
+        }
         let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
         if committed {
             // Before anyone is answered or woken: see snapshot.rs.
