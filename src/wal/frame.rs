@@ -35,6 +35,35 @@ pub(crate) enum Effect {
     Ceiling(u64),
 }
 
+/// The largest payload a frame holds: its length field is a `u32`. Kept well below it so
+/// that a frame stays one allocation of sane size.
+const MAX_PAYLOAD: u64 = 1 << 30;
+
+/// Whether `effects` fit one frame: every length within its field, the payload within
+/// [`MAX_PAYLOAD`]. A batch whose effects do not fit is made durable by a durable commit.
+pub(crate) fn fits(effects: &[Effect]) -> bool {
+    lengths_fit(effects.iter().map(|e| match e {
+        Effect::Put { table, key, value } => (table.len(), key.len(), value.len()),
+        Effect::Remove { table, key } => (table.len(), key.len(), 0),
+        Effect::Ceiling(_) => (0, 0, 0),
+    }))
+}
+
+/// `fits` over (table name, key, value) lengths.
+fn lengths_fit(lengths: impl Iterator<Item = (usize, usize, usize)>) -> bool {
+    let mut total: u64 = 4;
+    for (name, key, value) in lengths {
+        if name > usize::from(u16::MAX) {
+            return false;
+        }
+        // Tag, name length, key length, value length (or ceiling), and the bytes.
+        for n in [1 + 2 + 4 + 4 + 8, name, key, value] {
+            total = total.saturating_add(n as u64);
+        }
+    }
+    total <= MAX_PAYLOAD
+}
+
 /// The segment header, in sector 0 of the log file.
 pub(crate) fn encode_header(database_id: u64) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN as usize];
@@ -241,6 +270,20 @@ mod tests {
             },
             Effect::Ceiling(8192),
         ]
+    }
+
+    #[test]
+    fn effects_that_overflow_a_field_do_not_fit() {
+        assert!(fits(&sample()));
+        let long_name = Effect::Remove {
+            table: "t".repeat(usize::from(u16::MAX) + 1),
+            key: Vec::new(),
+        };
+        assert!(!fits(&[long_name]));
+        let half = (15, 40, 1 << 29);
+        assert!(lengths_fit([half].into_iter()));
+        assert!(!lengths_fit([half, half, half].into_iter()));
+        assert!(!lengths_fit([(1, usize::MAX, usize::MAX)].into_iter()));
     }
 
     #[test]

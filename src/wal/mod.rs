@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redb::StorageBackend;
 
 pub(crate) use frame::Effect;
+pub(crate) use frame::fits;
 use frame::{HEADER_LEN, encode_frame, encode_header};
 pub(crate) use recover::{Recovered, check_not_orphaned, open_log};
 

@@ -318,15 +318,16 @@ impl Writer {
         }
         // The durability point: nobody is answered before it returned.
         if committed {
-            let durable = if logged {
+            let durable = if logged && crate::wal::fits(&effects) {
                 leader
                     .log
                     .append(&effects)
                     .map(drop)
                     .map_err(crate::wal::io_error)
             } else {
-                // A closure wrote a table the log cannot replay: one durable commit covers
-                // the batch, and every frame before it (a checkpoint).
+                // A closure wrote a table the log cannot replay (or the frame would be over
+                // 1 GiB): one durable commit covers the batch, and every frame before it (a
+                // checkpoint).
                 self.durable_commit(&mut leader.log)
             };
             if let Err(e) = durable {
