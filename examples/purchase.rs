@@ -20,6 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = Arc::new(
         IdemDb::builder()
             .clock(clock.clone())
+            // The order rows ride in the write-ahead log with their records.
+            .table(ORDERS)
             .open(dir.path().join("shop.idemdb"))?,
     );
     let scope = Scope::new("POST /purchases", "user-42");

@@ -84,3 +84,49 @@ impl TableRegistry {
         (registered.replay)(txn, key, value)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use redb::ReadableDatabase;
+    use redb::backends::InMemoryBackend;
+
+    use super::*;
+
+    const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
+    const ORDERS_AS_BYTES: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
+
+    #[test]
+    fn a_table_is_logged_only_with_the_types_it_was_registered_with() {
+        let mut registry = TableRegistry::default();
+        registry.register(ORDERS);
+        assert!(registry.logs::<&str, u64>("orders"));
+        assert!(!registry.logs::<&str, &[u8]>("orders"));
+        assert!(!registry.logs::<&str, u64>("other"));
+    }
+
+    #[test]
+    fn replay_applies_typed_writes_and_refuses_an_unregistered_table() {
+        let mut registry = TableRegistry::default();
+        registry.register(ORDERS);
+        let db = redb::Builder::new()
+            .create_with_backend(InMemoryBackend::new())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        let key = b"k1".to_vec();
+        let value = 1999u64.to_le_bytes().to_vec();
+        registry.replay(&txn, "orders", &key, Some(&value)).unwrap();
+        registry.replay(&txn, "orders", b"gone", None).unwrap();
+        let refused = registry.replay(&txn, "unknown", &key, None);
+        assert!(matches!(refused, Err(Error::Corrupted(_))));
+        txn.commit().unwrap();
+        let read = db.begin_read().unwrap();
+        let table = read.open_table(ORDERS).unwrap();
+        assert_eq!(table.get("k1").unwrap().unwrap().value(), 1999);
+        // Registered under the other types, the replay fails to open the table: never a
+        // silent write of bytes under the wrong type.
+        let mut other = TableRegistry::default();
+        other.register(ORDERS_AS_BYTES);
+        let txn = db.begin_write().unwrap();
+        assert!(other.replay(&txn, "orders", &key, Some(b"x")).is_err());
+    }
+}
