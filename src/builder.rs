@@ -69,7 +69,7 @@ impl Builder {
         self
     }
 
-    /// Most operations one durable commit may carry (default 256; 0 is taken as 1).
+    /// Most operations one commit batch may carry (default 256; 0 is taken as 1).
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.writer.max_batch = max_batch.max(1);
         self
@@ -82,7 +82,7 @@ impl Builder {
         self
     }
 
-    /// redb's quick-repair (default off): every durable commit also saves the allocator state
+    /// redb's quick-repair (default off): every durable redb commit (a checkpoint) also saves the allocator state
     /// (two-phase commit, a second fsync), so that opening after a crash skips the repair
     /// scan. docs/design.md gives both costs as measured.
     pub fn quick_repair(mut self, on: bool) -> Self {

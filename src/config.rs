@@ -91,12 +91,13 @@ impl Default for Limits {
 /// [`quick_repair`](crate::Builder::quick_repair).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WriterConfig {
-    /// Most operations one durable commit may carry (default 256).
+    /// Most operations one commit batch may carry (default 256).
     pub(crate) max_batch: usize,
     /// Most operations waiting for a commit (default 4,096). Past it, callers wait for room
     /// (backpressure); no request is dropped.
     pub(crate) max_queue: usize,
-    /// redb's quick-repair on every durable commit (default off; see docs/design.md).
+    /// redb's quick-repair on every durable redb commit, i.e. every checkpoint (default off;
+    /// see docs/design.md).
     pub(crate) quick_repair: bool,
     /// A checkpoint is taken once this many bytes of frames follow the last one.
     pub(crate) checkpoint_bytes: u64,

@@ -308,8 +308,8 @@ impl IdemDb {
     }
 
     /// A redb read transaction for the caller's own tables (and idemdb's, read-only). It shows
-    /// only durable state: if the writer has non-durable commits in flight, this waits for the
-    /// durable commit that covers them.
+    /// only durable state: if the writer has non-durable commits in flight, this waits until
+    /// their batch is durable (its log frame synced).
     pub fn begin_read(&self) -> Result<ReadTransaction, Error> {
         let txn = self.engine.db.begin_read()?;
         if let Some(seq) = self.engine.durability.pending_any() {

@@ -1,10 +1,10 @@
 //! Tracks records whose latest state is visible to readers but not yet durable.
 //!
-//! The writer commits all but the last transaction of a batch with `Durability::None`, which
+//! The writer commits every transaction of a batch with `Durability::None`, which
 //! readers see at once. Invariant: a key is marked here *before* such a commit makes it
-//! visible and unmarked only after the durable commit covering it returned. A reader that
-//! finds its key marked must not answer from what it read: it waits for (or routes through)
-//! the durable commit.
+//! visible and unmarked only after the batch's durability point returned (its log frame's
+//! `fdatasync`, or a durable commit covering it). A reader that finds its key marked must not
+//! answer from what it read: it waits for (or routes through) that point.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -96,7 +96,7 @@ impl IdemDb {
         Ok(consumed(consumer, outcome)?)
     }
 
-    /// Consumes a poll of many messages with one durable commit: each message runs in a
+    /// Consumes a poll of many messages in one commit batch: each message runs in a
     /// transaction of its own (a handler error or panic undoes its message only), all queued
     /// before any is waited for so that they share the commit. Answers are in the order
     /// given; a message id that appears twice is `Processed` then `Duplicate`.

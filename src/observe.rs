@@ -32,7 +32,7 @@ fn kind(op: &WriteOp) -> &'static str {
     }
 }
 
-/// The span of a write, from queueing to its durable commit.
+/// The span of a write, from queueing to its batch's durability point.
 pub(crate) fn write_span(op: &WriteOp) -> Span {
     #[cfg(feature = "tracing")]
     {

@@ -148,7 +148,7 @@ impl IdemDb {
     /// [`ControlFlow::Break`]; streaming, so memory does not grow with the file.
     ///
     /// All records come from one read transaction (waiting, as [`begin_read`](Self::begin_read)
-    /// does, for the durable commit covering any write in flight), so they are one consistent
+    /// does, until any write in flight is durable), so they are one consistent
     /// state; expiry is judged at one reading of the database clock. The transaction is held
     /// for the whole scan, which keeps the pages it reads from being reused: on a database
     /// that is being written, keep `visit` quick. A stored key or record that does not decode

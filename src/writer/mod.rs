@@ -2,14 +2,15 @@
 //!
 //! A caller queues its op. If no commit is running it becomes the leader: it takes what is
 //! queued (its own op first, up to `max_batch`), applies it on its own thread, makes it
-//! durable with one fsync'd commit, answers the followers and hands leadership to the first op
-//! that queued meanwhile. A lone caller pays one commit and no thread hand-off; under load, a
-//! batch is whatever arrived while the previous commit ran.
+//! durable with one log append and `fdatasync`, answers the followers and hands leadership to
+//! the first op that queued meanwhile. A lone caller pays one append and no thread hand-off;
+//! under load, a batch is whatever arrived while the previous one was made durable.
 //!
 //! Within a batch, ops without closures share a transaction; each op that runs caller code
-//! gets a transaction of its own so its failure undoes only its writes. All transactions but
-//! the last commit with `Durability::None` (visible, not yet on disk); the last one commits
-//! durably and covers them. Nobody is answered before that durable commit returns.
+//! gets a transaction of its own so its failure undoes only its writes. Every transaction
+//! commits with `Durability::None` (visible, not yet on disk); the batch's durability point
+//! is one frame of their effects in the log (wal/), or, when a closure wrote a table the log
+//! cannot replay, one durable redb commit. Nobody is answered before it returns.
 
 mod apply;
 mod checkpoint;
@@ -80,7 +81,7 @@ impl Writer {
         }
     }
 
-    /// Queues `op`, waits until a durable commit covers it, and returns its answer. The caller
+    /// Queues `op`, waits until its batch is durable, and returns its answer. The caller
     /// may lead the commit on its own thread.
     pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
         crate::reentry::refuse_reentry()?;

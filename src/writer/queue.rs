@@ -133,7 +133,7 @@ impl Slot {
 }
 
 impl Writer {
-    /// Queues `op` for an async caller; the future resolves once a durable commit covers it.
+    /// Queues `op` for an async caller; the future resolves once its batch is durable.
     /// Dropping the future does not withdraw a queued op: it still runs, unanswered.
     pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
         WriteFuture {
