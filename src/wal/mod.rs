@@ -1,11 +1,11 @@
-//! The write-ahead log: the durability point of every batch without caller code.
+//! The write-ahead log: the durability point of every batch whose writes it can replay.
 //!
-//! A batch's redb transaction commits with `Durability::None`; its effects, as absolute
+//! A batch's redb transactions commit with `Durability::None`; their effects, as absolute
 //! post-images, are appended to the log as one frame and made durable by one `fdatasync`
 //! before anyone is answered. A checkpoint (a durable redb commit that records the last
 //! frame's sequence number in meta) makes the frames before it redundant, and the log is
 //! written again from its start. At open, the frames after the checkpoint are replayed
-//! (recover.rs). The byte layout is in frame.rs and docs/design.md §5.3.
+//! (recover.rs). The byte layout is in frame.rs and docs/design.md §5.6.
 
 mod frame;
 mod recover;
