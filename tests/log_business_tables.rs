@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, T0, acquired};
+use common::{LEASE, T0, acquired, power_loss_now};
 use idemdb::redb::{MultimapTableDefinition, ReadableTable, TableDefinition};
 use idemdb::testing::FaultBackend;
 use idemdb::{Builder, Error, ExecuteOutcome, IdemDb, Key, ManualClock, Outcome, Scope};
@@ -41,14 +41,6 @@ fn order(db: &IdemDb, key: &str, cents: u64) -> u64 {
         .unwrap();
     assert!(matches!(out, ExecuteOutcome::Executed(_)));
     db.stats().checkpoints - before
-}
-
-/// The disk as a power loss right after the last acknowledged call leaves it.
-fn crash(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
-    let disk = backend.durable_disk();
-    backend.kill();
-    drop(db);
-    disk
 }
 
 fn rows(db: &IdemDb) -> Vec<(String, u64)> {
@@ -89,7 +81,7 @@ fn a_registered_tables_rows_are_logged_and_replayed_typed_after_a_crash() {
     })
     .unwrap();
     assert_eq!(db.stats().checkpoints, 0);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
 
     let db = builder()
         .table(ORDERS)
@@ -108,7 +100,7 @@ fn a_log_holding_a_tables_writes_is_refused_when_the_table_is_not_registered() {
         .open_with_backend(backend.clone(), backend.log())
         .unwrap();
     order(&db, "a", 1);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
     match builder().open_with_backend(disk.clone(), disk.log()) {
         Err(Error::Corrupted(why)) => {
             assert!(
@@ -151,7 +143,7 @@ fn unregistered_mistyped_and_multimap_tables_take_a_durable_commit_and_survive_a
     })
     .unwrap();
     assert_eq!(db.stats().checkpoints - before, 1);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
 
     let db = builder()
         .table(ORDERS_AS_BYTES)
@@ -179,7 +171,7 @@ fn a_closure_that_fails_leaves_nothing_in_the_log() {
     });
     assert!(matches!(failed, Err(idemdb::ExecuteError::Closure(_))));
     order(&db, "y", 2);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
     let db = builder()
         .table(ORDERS)
         .open_with_backend(disk.clone(), disk.log())

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, T0, acquired};
+use common::{LEASE, T0, acquired, power_loss_now};
 use idemdb::testing::{FaultBackend, SECTOR};
 use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
 
@@ -23,14 +23,6 @@ fn open_unchecked(disk: &FaultBackend) -> Result<IdemDb, Error> {
         .checkpoint_interval(Duration::from_secs(3600))
         .checkpoint_bytes(1 << 30)
         .open_with_backend(disk.clone(), disk.log())
-}
-
-/// The disk as a power loss right after the last acknowledged call leaves it.
-fn crash(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
-    let disk = backend.durable_disk();
-    backend.kill();
-    drop(db);
-    disk
 }
 
 struct Logged {
@@ -57,7 +49,7 @@ fn logged_run() -> Logged {
             db.complete(&r, vec![b'x'; 3000]).unwrap();
             return Logged {
                 before,
-                after: crash(&backend, db),
+                after: power_loss_now(&backend, db),
             };
         }
     }
@@ -102,7 +94,7 @@ fn acknowledged_outcomes_that_live_only_in_the_log_are_replayed_at_open() {
         ReserveOutcome::Completed(vec![b'x'; 3000])
     );
     // Replayed and checkpointed at open: a second crash replays nothing.
-    let disk = crash(&run.after, db);
+    let disk = power_loss_now(&run.after, db);
     let db = open_unchecked(&disk).unwrap();
     assert_eq!(db.stats().replayed_frames, 0);
     assert_eq!(state(&db, "k3"), Some(RecordState::Completed));
@@ -181,7 +173,7 @@ fn a_zero_filled_log_replays_nothing_and_the_database_opens_at_its_checkpoint() 
         let r = acquired(db.reserve(&scope(), &Key::new("new"), b"p", LEASE).unwrap());
         db.complete(&r, b"ok".to_vec()).unwrap();
         // A zeroed header is rewritten: the log works again, crash and all.
-        let disk = crash(&disk, db);
+        let disk = power_loss_now(&disk, db);
         let db = open_unchecked(&disk).unwrap();
         assert_eq!(db.stats().replayed_frames, 2, "header kept: {keep_header}");
         assert_eq!(state(&db, "new"), Some(RecordState::Completed));
@@ -259,7 +251,7 @@ fn the_log_is_reused_from_its_start_after_each_checkpoint() {
     assert!(stats.checkpoints >= 7, "{} checkpoints", stats.checkpoints);
     assert_eq!(stats.log_bytes_on_disk, initial, "the log grew");
     assert_eq!(backend.log().live_image().len() as u64, initial);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
     let db = open_unchecked(&disk).unwrap();
     // Only what followed the last checkpoint is replayed, and every key is there.
     assert!(db.stats().replayed_frames < 200);
@@ -288,7 +280,7 @@ fn a_frame_larger_than_the_log_grows_it_and_survives_a_crash() {
     let body: Vec<u8> = (0..(2 << 20)).map(|i| (i % 251) as u8).collect();
     db.complete(&r, body.clone()).unwrap();
     assert!(db.stats().log_bytes_on_disk > initial);
-    let disk = crash(&backend, db);
+    let disk = power_loss_now(&backend, db);
     let db = IdemDb::builder()
         .clock(ManualClock::new(T0))
         .limits({

@@ -177,10 +177,7 @@ impl FaultBackend {
     /// A new disk holding what both files of this one hold after a power loss now: each
     /// pending write meets `fate` (the database's writes first, then the log's).
     pub fn crash_disk(&self, mut fate: impl FnMut(usize) -> Fate) -> FaultBackend {
-        let s = self.shared.state.lock();
-        let db = image_after_loss(&s.files[0], &mut fate);
-        let base = s.files[0].pending.len();
-        let log = image_after_loss(&s.files[1], |i| fate(base + i));
+        let [db, log] = images_after_loss(&self.shared.state.lock().files, &mut fate);
         FaultBackend::from_images(db, log)
     }
 
@@ -279,12 +276,6 @@ impl FaultBackend {
         self.shared.state.lock().files[self.file].durable.clone()
     }
 
-    /// This file after a power loss now: the durable image plus each pending write as `fate`
-    /// decides (called once per pending write, in issue order).
-    pub fn crash_image(&self, fate: impl FnMut(usize) -> Fate) -> Vec<u8> {
-        image_after_loss(&self.shared.state.lock().files[self.file], fate)
-    }
-
     /// Arms a power loss that strikes inside the `n`-th sync from now (0 = the next one):
     /// the pending writes meet `mode`, the image is kept for [`crashed_image`](Self::crashed_image)
     /// and the disk dies.
@@ -329,6 +320,20 @@ impl FaultBackend {
         s.hold_syncs = false;
         self.shared.changed.notify_all();
     }
+}
+
+/// Both files after one power loss: the fates run over the database's pending writes, then
+/// the log's.
+fn images_after_loss(
+    files: &[File; FILES],
+    mut fate: impl FnMut(usize) -> Fate,
+) -> [Vec<u8>; FILES] {
+    let mut seen = 0;
+    files.each_ref().map(|f| {
+        let base = seen;
+        seen += f.pending.len();
+        image_after_loss(f, |i| fate(base + i))
+    })
 }
 
 fn image_after_loss(s: &File, mut fate: impl FnMut(usize) -> Fate) -> Vec<u8> {
@@ -410,16 +415,7 @@ impl StorageBackend for FaultBackend {
         if let Some((at, mode)) = s.crash_at
             && s.syncs_begun > at
         {
-            // One power loss for the whole disk: the fates run over the database's pending
-            // writes, then the log's.
-            let mut fates = mode.fates();
-            let mut seen = 0;
-            let images = s.files.each_ref().map(|f| {
-                let base = seen;
-                seen += f.pending.len();
-                image_after_loss(f, |i| fates(base + i))
-            });
-            s.crash_images = Some(images);
+            s.crash_images = Some(images_after_loss(&s.files, mode.fates()));
             s.crashed_in = Some(self.file);
             s.crash_at = None;
             s.dead = true;

@@ -36,8 +36,6 @@ pub(crate) struct Log {
     len: u64,
     /// The sequence number of the newest frame appended, or of the checkpoint.
     last_seq: u64,
-    /// The sequence number the last durable redb commit recorded.
-    checkpoint_seq: u64,
     /// For `stats` (read without the leader lock).
     gauges: LogGauges,
 }
@@ -67,16 +65,15 @@ impl std::fmt::Debug for Log {
         f.debug_struct("Log")
             .field("end", &self.end)
             .field("last_seq", &self.last_seq)
-            .field("checkpoint_seq", &self.checkpoint_seq)
             .finish_non_exhaustive()
     }
 }
 
 impl Log {
-    /// Appends one frame holding `effects` and waits for it to be durable; returns its
-    /// sequence number. An error leaves the frame's durability unknown: the caller must stop
-    /// writing (a failed `fdatasync` is never retried).
-    pub(crate) fn append(&mut self, effects: &[Effect]) -> io::Result<u64> {
+    /// Appends one frame holding `effects` and waits for it to be durable. An error leaves
+    /// the frame's durability unknown: the caller must stop writing (a failed `fdatasync` is
+    /// never retried).
+    pub(crate) fn append(&mut self, effects: &[Effect]) -> io::Result<()> {
         let seq = self.last_seq + 1;
         let frame = encode_frame(seq, self.database_id, effects);
         let end = self.end + frame.len() as u64;
@@ -88,12 +85,7 @@ impl Log {
         self.end = end;
         self.last_seq = seq;
         self.gauges.set(self.len, self.bytes_since_checkpoint());
-        Ok(seq)
-    }
-
-    /// Frames not yet covered by a checkpoint.
-    pub(crate) fn frames_since_checkpoint(&self) -> u64 {
-        self.last_seq - self.checkpoint_seq
+        Ok(())
     }
 
     /// Bytes of frames not yet covered by a checkpoint.
@@ -110,7 +102,6 @@ impl Log {
     /// is written at the start of the log. Old frames past it have lower sequence numbers,
     /// which ends recovery's scan.
     pub(crate) fn checkpointed(&mut self) {
-        self.checkpoint_seq = self.last_seq;
         self.end = HEADER_LEN;
         self.gauges.set(self.len, 0);
     }

@@ -44,7 +44,6 @@ pub(crate) fn open_log(
         end: HEADER_LEN,
         len,
         last_seq: checkpoint,
-        checkpoint_seq: checkpoint,
         gauges: LogGauges::default(),
     };
     if len < HEADER_LEN {
@@ -71,7 +70,6 @@ pub(crate) fn open_log(
     if let Some(last) = frames.last().map(|f| f.seq) {
         replay(db, &frames, last, tables)?;
         log.last_seq = last;
-        log.checkpoint_seq = last;
     }
     if header == Header::Invalid {
         // Never written whole (a crash while the log was created), or damaged: every frame

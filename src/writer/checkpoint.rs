@@ -17,20 +17,13 @@ use crate::meta::{CHECKPOINT_KEY, META};
 use crate::stats::Counter;
 use crate::wal::Log;
 
-/// Records in `txn` (about to commit durably) that the file holds every frame up to `seq`.
-pub(super) fn record_checkpoint(txn: &WriteTransaction, seq: u64) -> Result<(), Error> {
-    txn.open_table(META)?
-        .insert(CHECKPOINT_KEY, &seq.to_le_bytes()[..])?;
-    Ok(())
-}
-
 impl Writer {
     /// Takes a checkpoint if frames follow the last one. A failed commit poisons the writer,
     /// as a batch's would: what it covered is durable in the log either way.
     pub(crate) fn checkpoint(&self) -> Result<(), Error> {
         let engine = &*self.engine;
         let mut leader = self.leader.lock();
-        if leader.log.frames_since_checkpoint() == 0 || engine.is_poisoned() {
+        if leader.log.bytes_since_checkpoint() == 0 || engine.is_poisoned() {
             return Ok(());
         }
         let started = Instant::now();
@@ -49,9 +42,24 @@ impl Writer {
     /// records the newest frame, after which the log starts over. The caller holds the leader
     /// lock (`log` is in its state) and poisons the engine on an error.
     pub(super) fn durable_commit(&self, log: &mut Log) -> Result<(), Error> {
+        self.commit_as_checkpoint(self.begin_durable()?, log)
+    }
+
+    /// A write transaction that commits durably (quick-repair as configured).
+    pub(super) fn begin_durable(&self) -> Result<WriteTransaction, Error> {
         let mut txn = self.engine.db.begin_write()?;
         txn.set_quick_repair(self.config.quick_repair);
-        record_checkpoint(&txn, log.last_seq())?;
+        Ok(txn)
+    }
+
+    /// Commits `txn` durably with the newest frame recorded in it: a checkpoint.
+    pub(super) fn commit_as_checkpoint(
+        &self,
+        txn: WriteTransaction,
+        log: &mut Log,
+    ) -> Result<(), Error> {
+        txn.open_table(META)?
+            .insert(CHECKPOINT_KEY, &log.last_seq().to_le_bytes()[..])?;
         txn.commit()?;
         log.checkpointed();
         self.engine.stats.add(Counter::Checkpoints);

@@ -28,8 +28,7 @@ impl Writer {
                 other => other,
             }
         };
-        let mut txn = engine.db.begin_write().map_err(|e| fail(e.into()))?;
-        txn.set_quick_repair(self.config.quick_repair);
+        let txn = self.begin_durable().map_err(fail)?;
         let out = match f(&txn) {
             Ok(out) => out,
             Err(e) => {
@@ -42,10 +41,8 @@ impl Writer {
             }
         };
         // A durable commit covers every frame: it is a checkpoint.
-        super::checkpoint::record_checkpoint(&txn, leader.log.last_seq()).map_err(fail)?;
-        txn.commit().map_err(|e| fail(e.into()))?;
-        leader.log.checkpointed();
-        engine.stats.add(crate::stats::Counter::Checkpoints);
+        self.commit_as_checkpoint(txn, &mut leader.log)
+            .map_err(fail)?;
         publish(&out);
         engine.snapshots.refresh();
         Ok(out)

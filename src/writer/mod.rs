@@ -320,11 +320,7 @@ impl Writer {
         // The durability point: nobody is answered before it returned.
         if committed {
             let durable = if logged && crate::wal::fits(&effects) {
-                leader
-                    .log
-                    .append(&effects)
-                    .map(drop)
-                    .map_err(crate::wal::io_error)
+                leader.log.append(&effects).map_err(crate::wal::io_error)
             } else {
                 // A closure wrote a table the log cannot replay (or the frame would be over
                 // 1 GiB): one durable commit covers the batch, and every frame before it (a

@@ -187,3 +187,12 @@ pub fn example_binary(name: &str) -> PathBuf {
     assert!(bin.exists(), "no example at {}", bin.display());
     bin
 }
+
+/// The disk as a power loss right after the last acknowledged call on `db` leaves it: both
+/// files as their last syncs left them. `db` is dropped on the dead disk.
+pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
+    let disk = backend.durable_disk();
+    backend.kill();
+    drop(db);
+    disk
+}
