@@ -96,6 +96,33 @@ pub(crate) fn check_owner(existing: Option<Record>, token: FencingToken) -> Resu
     Ok(rec)
 }
 
+/// The IN_PROGRESS record of a new owner: a fresh record, or the takeover of `previous`
+/// (whose creation time it keeps and whose attempts it counts on). Its `expires_at` is the
+/// store's to set.
+pub(crate) fn new_owner(
+    previous: Option<&Record>,
+    fingerprint: Fingerprint,
+    token: FencingToken,
+    lease_expires_at: u64,
+    now_ms: u64,
+) -> Record {
+    let (created_at, attempts) = match previous {
+        Some(prev) => (prev.created_at, prev.attempts.saturating_add(1)),
+        None => (now_ms, 1),
+    };
+    Record {
+        state: RecordState::InProgress,
+        fingerprint,
+        token,
+        lease_expires_at,
+        created_at,
+        updated_at: now_ms,
+        attempts,
+        expires_at: u64::MAX,
+        response: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,7 +115,10 @@ pub enum Error {
     },
     /// A commit failed with an I/O error: the batch's changes may or may not be durable. A
     /// holder of a reservation from that batch may or may not hold it. Reopen, then read.
-    OutcomeUnknown(Arc<redb::Error>),
+    ///
+    /// Over PostgreSQL: the connection was lost while the commit (or a single-statement
+    /// write) may have reached the server. Read the record to learn which.
+    OutcomeUnknown(Arc<dyn std::error::Error + Send + Sync>),
     /// An earlier commit failed; writes are refused until the database is reopened.
     WritesRefused,
     /// The database was closed.
@@ -132,6 +135,9 @@ pub enum Error {
     Codec(Arc<serde_json::Error>),
     /// An error from redb (storage, table or transaction).
     Storage(Arc<redb::Error>),
+    /// PostgreSQL (feature `postgres`) refused or failed a statement, or no connection could
+    /// be had: nothing the call wrote was committed.
+    Database(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 impl fmt::Display for Error {
@@ -177,6 +183,7 @@ impl fmt::Display for Error {
             Error::Entropy(e) => write!(f, "no randomness for the fingerprint secret: {e}"),
             Error::Codec(e) => write!(f, "typed value codec: {e}"),
             Error::Storage(e) => write!(f, "storage: {e}"),
+            Error::Database(e) => write!(f, "database: {e}"),
         }
     }
 }
@@ -187,6 +194,7 @@ impl std::error::Error for Error {
             Error::OutcomeUnknown(e) => Some(&**e),
             Error::Codec(e) => Some(&**e),
             Error::Storage(e) => Some(&**e),
+            Error::Database(e) => Some(&**e),
             Error::ThreadSpawn { source, .. } => Some(&**source),
             _ => None,
         }

@@ -32,13 +32,13 @@ pub enum Consumed {
 }
 
 /// Every inbox record carries this payload, so a message id never mismatches itself.
-const INBOX_PAYLOAD: &[u8] = b"";
+pub(crate) const INBOX_PAYLOAD: &[u8] = b"";
 
-fn names(consumer: &str, message_id: &[u8]) -> (Scope, Key) {
+pub(crate) fn names(consumer: &str, message_id: &[u8]) -> (Scope, Key) {
     (Scope::new(consumer, ""), Key::new(message_id))
 }
 
-fn consumed(consumer: &str, outcome: ExecuteOutcome) -> Result<Consumed, Error> {
+pub(crate) fn consumed(consumer: &str, outcome: ExecuteOutcome) -> Result<Consumed, Error> {
     Ok(match outcome {
         ExecuteOutcome::Executed(_) => Consumed::Processed,
         ExecuteOutcome::Completed(_) | ExecuteOutcome::Failed(_) => Consumed::Duplicate,

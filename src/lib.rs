@@ -43,6 +43,8 @@ mod meta;
 mod observe;
 mod ops;
 mod outcome;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod reentry;
 mod retention;
@@ -52,6 +54,7 @@ mod scope;
 mod shard;
 mod snapshot;
 mod stats;
+mod store;
 mod tables;
 #[cfg(feature = "fault-injection")]
 pub mod testing;
@@ -66,6 +69,9 @@ mod writer;
 
 /// The redb version idemdb is built on, for the caller's own table definitions.
 pub use redb;
+/// The tokio-postgres version the PostgreSQL store is built on, for closures' statements.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 pub use builder::Builder;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -76,6 +82,8 @@ pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
 pub use inbox::Consumed;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgCompaction, PgFuture, PgStore, PgStoreBuilder, PgTx};
 pub use record::{Record, RecordState};
 pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};
@@ -83,6 +91,7 @@ pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, Stats};
+pub use store::Store;
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use tx_table::TxTable;

@@ -25,7 +25,7 @@ pub enum RecordState {
 }
 
 impl RecordState {
-    fn to_byte(self) -> u8 {
+    pub(crate) fn to_byte(self) -> u8 {
         match self {
             RecordState::InProgress => 1,
             RecordState::Completed => 2,
@@ -33,7 +33,7 @@ impl RecordState {
         }
     }
 
-    fn from_byte(b: u8) -> Option<Self> {
+    pub(crate) fn from_byte(b: u8) -> Option<Self> {
         match b {
             1 => Some(RecordState::InProgress),
             2 => Some(RecordState::Completed),

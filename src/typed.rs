@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::fingerprint::Payload;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, Scope};
+use crate::store::Store;
 use crate::token::Reservation;
 
 /// [`ReserveOutcome`] with decoded responses: `T` for success, `F` for a stored failure.
@@ -36,7 +37,10 @@ pub enum TypedOutcome<T, F> {
     BeyondHorizon,
 }
 
-/// A view of an [`IdemDb`] whose responses are `T` (success) and `F` (failure), stored as JSON.
+/// A view of a store whose responses are `T` (success) and `F` (failure), stored as JSON.
+///
+/// Over [`IdemDb`] it has sync methods and their `_async` twins; over any other
+/// [`Store`] (such as `PgStore`, from [`Typed::over`]) the `_async` ones.
 ///
 /// ```
 /// use idemdb::{IdemDb, Key, Scope, TypedOutcome};
@@ -62,9 +66,44 @@ pub enum TypedOutcome<T, F> {
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Typed<'db, T, F = T> {
-    db: &'db IdemDb,
+pub struct Typed<'db, T, F = T, S = IdemDb> {
+    db: &'db S,
     types: PhantomData<fn() -> (T, F)>,
+}
+
+impl<'db, T, F, S: Store> Typed<'db, T, F, S>
+where
+    T: Serialize + DeserializeOwned,
+    F: Serialize + DeserializeOwned,
+{
+    /// A typed view of `store`.
+    pub fn over(store: &'db S) -> Self {
+        Typed {
+            db: store,
+            types: PhantomData,
+        }
+    }
+
+    /// [`reserve`](Store::reserve), with the stored response decoded.
+    pub async fn reserve_async<'p>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'p>>,
+        lease: Duration,
+    ) -> Result<TypedOutcome<T, F>, Error> {
+        typed(Store::reserve(self.db, scope, key, payload.into(), lease).await?)
+    }
+
+    /// [`complete`](Store::complete) with `value`, encoded.
+    pub async fn complete_async(&self, reservation: &Reservation, value: &T) -> Result<(), Error> {
+        Store::complete(self.db, reservation, encode(value)?).await
+    }
+
+    /// [`fail`](Store::fail) with `value`, encoded.
+    pub async fn fail_async(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
+        Store::fail(self.db, reservation, encode(value)?).await
+    }
 }
 
 impl IdemDb {
@@ -94,14 +133,7 @@ where
         payload: impl Into<Payload<'p>>,
         lease: Duration,
     ) -> Result<TypedOutcome<T, F>, Error> {
-        Ok(match self.db.reserve(scope, key, payload, lease)? {
-            ReserveOutcome::Acquired(r) => TypedOutcome::Acquired(r),
-            ReserveOutcome::Mismatch => TypedOutcome::Mismatch,
-            ReserveOutcome::Completed(b) => TypedOutcome::Completed(decode(&b)?),
-            ReserveOutcome::Failed(b) => TypedOutcome::Failed(decode(&b)?),
-            ReserveOutcome::InProgress { retry_after } => TypedOutcome::InProgress { retry_after },
-            ReserveOutcome::BeyondHorizon => TypedOutcome::BeyondHorizon,
-        })
+        typed(self.db.reserve(scope, key, payload, lease)?)
     }
 
     /// [`IdemDb::complete`] with `value` encoded as JSON.
@@ -113,6 +145,20 @@ where
     pub fn fail(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
         self.db.fail(reservation, encode(value)?)
     }
+}
+
+/// A reservation's outcome with the stored response decoded.
+fn typed<T: DeserializeOwned, F: DeserializeOwned>(
+    outcome: ReserveOutcome,
+) -> Result<TypedOutcome<T, F>, Error> {
+    Ok(match outcome {
+        ReserveOutcome::Acquired(r) => TypedOutcome::Acquired(r),
+        ReserveOutcome::Mismatch => TypedOutcome::Mismatch,
+        ReserveOutcome::Completed(b) => TypedOutcome::Completed(decode(&b)?),
+        ReserveOutcome::Failed(b) => TypedOutcome::Failed(decode(&b)?),
+        ReserveOutcome::InProgress { retry_after } => TypedOutcome::InProgress { retry_after },
+        ReserveOutcome::BeyondHorizon => TypedOutcome::BeyondHorizon,
+    })
 }
 
 fn encode<V: Serialize>(value: &V) -> Result<Vec<u8>, Error> {

@@ -1,5 +1,6 @@
 //! The Idempotency-Key layer over a real socket: an axum server on 127.0.0.1 and a real HTTP
-//! client.
+//! client. The scenarios that do not reopen a file run on the embedded engine and on
+//! PostgreSQL.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,10 +10,10 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::fresh_shared;
+use common::stores::Under;
 use http_support::Server;
-use idemdb::IdemDb;
 use idemdb::http::{IdempotencyConfig, IdempotencyLayer};
+use idemdb::{IdemDb, Store};
 
 mod common;
 mod http_support;
@@ -52,7 +53,7 @@ async fn declined(State(c): State<Counts>) -> (StatusCode, &'static str) {
 }
 
 /// The test routes behind the layer with `config`.
-async fn serve(db: Arc<IdemDb>, counts: Counts, config: IdempotencyConfig) -> Server {
+async fn serve<S: Store>(db: Arc<S>, counts: Counts, config: IdempotencyConfig) -> Server {
     let app = Router::new()
         .route("/purchase", post(purchase))
         .route("/flaky", post(flaky))
@@ -99,17 +100,15 @@ fn open(path: &std::path::Path) -> Arc<IdemDb> {
     Arc::new(IdemDb::open(path).unwrap())
 }
 
-/// A server on a fresh database, with fresh handler counts.
-async fn start(config: IdempotencyConfig) -> (tempfile::TempDir, Counts, Server) {
-    let (dir, db) = fresh_shared();
+/// A server on the store under test, with fresh handler counts.
+async fn start<S: Store>(under: &Under<S>, config: IdempotencyConfig) -> (Counts, Server) {
     let counts = Counts::default();
-    let server = serve(db, counts.clone(), config).await;
-    (dir, counts, server)
+    let server = serve(Arc::clone(&under.db), counts.clone(), config).await;
+    (counts, server)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixty_four_concurrent_duplicates_run_the_handler_once() {
-    let (_dir, counts, server) = start(IdempotencyConfig::global_keys()).await;
+async fn sixty_four_concurrent_duplicates_run_the_handler_once<S: Store>(under: Under<S>) {
+    let (counts, server) = start(&under, IdempotencyConfig::global_keys()).await;
     let client = reqwest::Client::new();
     let url = format!("{}/purchase", server.url);
     let replies: Vec<_> = (0..64)
@@ -162,11 +161,10 @@ async fn sixty_four_concurrent_duplicates_run_the_handler_once() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_are_problem_json_with_the_right_status() {
+async fn refusals_are_problem_json_with_the_right_status<S: Store>(under: Under<S>) {
     let mut config = IdempotencyConfig::global_keys();
     config.max_body = 64;
-    let (_dir, counts, server) = start(config).await;
+    let (counts, server) = start(&under, config).await;
     let client = reqwest::Client::new();
     let url = format!("{}/purchase", server.url);
     let (missing, _) = send(&client, &url, None, "{}").await;
@@ -208,9 +206,8 @@ async fn refusals_are_problem_json_with_the_right_status() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_5xx_releases_the_key_and_a_4xx_is_replayed() {
-    let (_dir, counts, server) = start(IdempotencyConfig::global_keys()).await;
+async fn a_5xx_releases_the_key_and_a_4xx_is_replayed<S: Store>(under: Under<S>) {
+    let (counts, server) = start(&under, IdempotencyConfig::global_keys()).await;
     let client = reqwest::Client::new();
     let flaky = format!("{}/flaky", server.url);
     let (first, _) = send(&client, &flaky, Some("f"), "x").await;
@@ -296,11 +293,10 @@ async fn a_replay_after_a_restart_is_byte_identical() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_wait_a_duplicate_gets_the_first_response_instead_of_409() {
+async fn with_wait_a_duplicate_gets_the_first_response_instead_of_409<S: Store>(under: Under<S>) {
     let mut config = IdempotencyConfig::global_keys();
     config.wait = Some(Duration::from_secs(5));
-    let (_dir, counts, server) = start(config).await;
+    let (counts, server) = start(&under, config).await;
     let client = reqwest::Client::new();
     let url = format!("{}/purchase", server.url);
     let replies: Vec<_> = (0..16)
@@ -319,3 +315,10 @@ async fn with_wait_a_duplicate_gets_the_first_response_instead_of_409() {
     assert_eq!(counts.purchase.load(Ordering::SeqCst), 1);
     server.stop().await;
 }
+
+on_both_stores!(
+    sixty_four_concurrent_duplicates_run_the_handler_once,
+    refusals_are_problem_json_with_the_right_status,
+    a_5xx_releases_the_key_and_a_4xx_is_replayed,
+    with_wait_a_duplicate_gets_the_first_response_instead_of_409,
+);

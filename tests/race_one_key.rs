@@ -1,13 +1,15 @@
 //! 64 threads reserve the same fresh key at once, 1,000 rounds: exactly one executes per round.
+//! The same code runs on the embedded engine and on PostgreSQL.
 
 mod common;
 
-use common::fresh_shared;
+use common::stores::{Under, embedded, postgres_with, runtime};
 
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use idemdb::{Key, ReserveOutcome, Scope};
+use idemdb::{Key, ReserveOutcome, Retention, Scope, Store};
+use tokio::runtime::Handle;
 
 const THREADS: usize = 64;
 const ROUNDS: usize = 1_000;
@@ -21,19 +23,34 @@ struct RoundLog {
 }
 
 #[test]
-fn exactly_one_acquires_per_round() {
-    let (_dir, db) = fresh_shared();
+fn exactly_one_acquires_per_round_embedded() {
+    let rt = runtime();
+    exactly_one_acquires_per_round(embedded(), rt.handle());
+}
+
+#[test]
+fn exactly_one_acquires_per_round_postgres() {
+    let rt = runtime();
+    // A connection per thread, so that the threads meet at the database, not at the pool.
+    let under = rt.block_on(postgres_with(Retention::default(), THREADS));
+    exactly_one_acquires_per_round(under, rt.handle());
+}
+
+/// Each thread drives the store's futures itself (`Handle::block_on`): 64 callers at once.
+fn exactly_one_acquires_per_round<S: Store>(under: Under<S>, rt: &Handle) {
+    let db = Arc::clone(&under.db);
     let scope = Scope::new("charge", "user-1");
     let start = Arc::new(Barrier::new(THREADS));
     let logs: Arc<Vec<Mutex<RoundLog>>> = Arc::new((0..ROUNDS).map(|_| Mutex::default()).collect());
 
     let handles: Vec<_> = (0..THREADS)
         .map(|_| {
-            let (db, scope, start, logs) = (
+            let (db, scope, start, logs, rt) = (
                 Arc::clone(&db),
                 scope.clone(),
                 Arc::clone(&start),
                 Arc::clone(&logs),
+                rt.clone(),
             );
             std::thread::spawn(move || {
                 for round in 0..ROUNDS {
@@ -41,15 +58,20 @@ fn exactly_one_acquires_per_round() {
                     let payload = format!("payload-{round}");
                     let expected = format!("receipt-{round}").into_bytes();
                     start.wait();
-                    let outcome = db
-                        .reserve(&scope, &key, payload.as_bytes(), Duration::from_secs(60))
+                    let outcome = rt
+                        .block_on(db.reserve(
+                            &scope,
+                            &key,
+                            payload.as_bytes(),
+                            Duration::from_secs(60),
+                        ))
                         .unwrap();
                     let mut log = logs[round].lock().unwrap();
                     match outcome {
                         ReserveOutcome::Acquired(r) => {
                             log.acquired += 1;
                             drop(log);
-                            db.complete(&r, expected.clone()).unwrap();
+                            rt.block_on(db.complete(&r, expected.clone())).unwrap();
                         }
                         ReserveOutcome::InProgress { .. } => log.in_progress += 1,
                         ReserveOutcome::Completed(bytes) if bytes == expected => log.completed += 1,
@@ -76,7 +98,7 @@ fn exactly_one_acquires_per_round() {
         let key = Key::new(format!("intent-{round}"));
         let payload = format!("payload-{round}");
         assert_eq!(
-            db.reserve(&scope, &key, payload.as_bytes(), Duration::from_secs(60))
+            rt.block_on(db.reserve(&scope, &key, payload.as_bytes(), Duration::from_secs(60)))
                 .unwrap(),
             ReserveOutcome::Completed(format!("receipt-{round}").into_bytes())
         );

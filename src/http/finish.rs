@@ -17,13 +17,13 @@ use super::layer::Shared;
 use super::marker::Marker;
 use super::problem::Problem;
 use super::stored::StoredResponse;
-use crate::db::IdemDb;
 use crate::error::Error;
+use crate::store::Store;
 use crate::token::Reservation;
 
 /// Runs the handler as the key's owner; stores its response if final, else releases the key.
-pub(crate) async fn run_handler<S>(
-    shared: &Shared,
+pub(crate) async fn run_handler<S, St: Store>(
+    shared: &Shared<St>,
     mut inner: S,
     req: Request<Body>,
     reservation: Reservation,
@@ -43,7 +43,7 @@ where
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             if let Some(r) = guard.reservation.take() {
-                release_now(db, &r, "the handler failed").await;
+                release_now(&**db, &r, "the handler failed").await;
             }
             return Err(e);
         }
@@ -55,7 +55,7 @@ where
     let finality = (config.finality)(response.status());
     if finality == Finality::Release {
         if let Some(r) = guard.reservation.take() {
-            release_now(db, &r, "the response is not final").await;
+            release_now(&**db, &r, "the response is not final").await;
         }
         return Ok(response);
     }
@@ -65,7 +65,7 @@ where
         // The handler's body failed midway: nothing complete to store or send, like a 5xx.
         Err(e) => {
             if let Some(r) = guard.reservation.take() {
-                release_now(db, &r, "the handler's response body failed").await;
+                release_now(&**db, &r, "the handler's response body failed").await;
             }
             warn(&format!("the handler's response body failed: {e}"));
             let detail = "the response failed before it was complete; retry";
@@ -91,8 +91,8 @@ where
 /// Stores the final response, or a marker in its place when it is too large or could not be
 /// stored; releases the key only if neither was stored. The handler ran: the response goes
 /// to this caller whatever happens here.
-async fn settle(
-    shared: &Shared,
+async fn settle<St: Store>(
+    shared: &Shared<St>,
     reservation: &Reservation,
     finality: Finality,
     status: StatusCode,
@@ -102,7 +102,7 @@ async fn settle(
     let marker = if encoded.len() > shared.config.max_stored_response {
         Marker::TooLarge
     } else {
-        match save(db, reservation, finality, encoded).await {
+        match save(&**db, reservation, finality, encoded).await {
             Ok(()) => return,
             Err(e) => {
                 warn(&format!("response not stored: {e}"));
@@ -111,26 +111,26 @@ async fn settle(
         }
     };
     let marker = marker.stored(&shared.config.problem_type_prefix, status);
-    if let Err(e) = save(db, reservation, finality, marker.encode()).await {
+    if let Err(e) = save(&**db, reservation, finality, marker.encode()).await {
         warn(&format!("marker not stored: {e}"));
-        release_now(db, reservation, "nothing could be stored").await;
+        release_now(&**db, reservation, "nothing could be stored").await;
     }
 }
 
-async fn save(
-    db: &IdemDb,
+async fn save<St: Store>(
+    db: &St,
     reservation: &Reservation,
     finality: Finality,
     encoded: Vec<u8>,
 ) -> Result<(), Error> {
     match finality {
-        Finality::Failed => db.fail_async(reservation, encoded).await,
-        _ => db.complete_async(reservation, encoded).await,
+        Finality::Failed => db.fail(reservation, encoded).await,
+        _ => db.complete(reservation, encoded).await,
     }
 }
 
-async fn release_now(db: &IdemDb, reservation: &Reservation, why: &str) {
-    if let Err(e) = db.release_async(reservation).await {
+async fn release_now<St: Store>(db: &St, reservation: &Reservation, why: &str) {
+    if let Err(e) = db.release(reservation).await {
         warn(&format!("key not released ({why}): {e}"));
     }
 }
@@ -143,17 +143,16 @@ pub(crate) fn warn(message: &str) {
 }
 
 /// Releases the key unless the response was stored (or released) first.
-struct ReleaseOnDrop {
-    db: Arc<IdemDb>,
+struct ReleaseOnDrop<St: Store> {
+    db: Arc<St>,
     reservation: Option<Reservation>,
 }
 
-impl Drop for ReleaseOnDrop {
+impl<St: Store> Drop for ReleaseOnDrop<St> {
     fn drop(&mut self) {
         if let Some(reservation) = self.reservation.take() {
-            // Blocking, but only on this rare path (a dropped request or a panic): the next
-            // retry must not wait for the lease to run out.
-            match self.db.release(&reservation) {
+            // The next retry must not wait for the lease to run out.
+            match self.db.release_detached(reservation) {
                 // Dropped after its answer was stored: nothing to release.
                 Ok(()) | Err(Error::NotInProgress { .. }) => {}
                 Err(e) => warn(&format!("key not released after a dropped request: {e}")),

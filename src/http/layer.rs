@@ -10,23 +10,33 @@ use super::marker::Marker;
 use super::service::Idempotency;
 use crate::db::IdemDb;
 use crate::error::{Error, InputError};
+use crate::store::Store;
 
 /// A tower [`Layer`] that makes a route idempotent under the `Idempotency-Key` header: the
 /// handler runs once per key and every retry gets its first response back.
 ///
-/// See the module documentation for the full behaviour.
-#[derive(Clone)]
-pub struct IdempotencyLayer {
-    shared: Arc<Shared>,
+/// See the module documentation for the full behaviour. The store is the embedded
+/// [`IdemDb`] by default, or any [`Store`] (e.g. `PgStore`, feature `postgres`, for
+/// instances that share one database).
+pub struct IdempotencyLayer<St = IdemDb> {
+    shared: Arc<Shared<St>>,
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            shared: Arc::clone(&self.shared),
+        }
+    }
 }
 
 /// What every request of the layer's routes shares.
-pub(crate) struct Shared {
-    pub(crate) db: Arc<IdemDb>,
+pub(crate) struct Shared<St> {
+    pub(crate) db: Arc<St>,
     pub(crate) config: IdempotencyConfig,
 }
 
-impl IdempotencyLayer {
+impl<St: Store> IdempotencyLayer<St> {
     /// The layer with `config` (from [`IdempotencyConfig::new`] or
     /// [`IdempotencyConfig::global_keys`]) over `db`.
     ///
@@ -36,15 +46,15 @@ impl IdempotencyLayer {
     /// [`Limits::max_response_len`](crate::Limits::max_response_len), `max_key_len` above its
     /// [`Limits::max_key_len`](crate::Limits::max_key_len), a store limit too small for the
     /// layer's own marker of a too-large response, or a zero `lease`.
-    pub fn new(db: Arc<IdemDb>, config: IdempotencyConfig) -> Result<Self, Error> {
-        check_fits(&db, &config)?;
+    pub fn new(db: Arc<St>, config: IdempotencyConfig) -> Result<Self, Error> {
+        check_fits(&*db, &config)?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared { db, config }),
         })
     }
 }
 
-fn check_fits(db: &IdemDb, config: &IdempotencyConfig) -> Result<(), Error> {
+fn check_fits<St: Store>(db: &St, config: &IdempotencyConfig) -> Result<(), Error> {
     let limits = db.limits();
     let marker = Marker::max_encoded_len(&config.problem_type_prefix);
     let checks = [
@@ -67,10 +77,10 @@ fn check_fits(db: &IdemDb, config: &IdempotencyConfig) -> Result<(), Error> {
     Ok(())
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = Idempotency<S>;
+impl<S, St> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
 
-    fn layer(&self, inner: S) -> Idempotency<S> {
+    fn layer(&self, inner: S) -> Idempotency<S, St> {
         Idempotency::new(inner, Arc::clone(&self.shared))
     }
 }

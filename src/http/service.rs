@@ -18,28 +18,38 @@ use super::layer::Shared;
 use super::problem::Problem;
 use super::stored::StoredResponse;
 use crate::config::Limits;
+use crate::db::IdemDb;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, Scope};
+use crate::store::Store;
 
 /// Response header on every replay.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps a handler in.
-#[derive(Clone)]
-pub struct Idempotency<S> {
+pub struct Idempotency<S, St = IdemDb> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<St>>,
 }
 
-impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S, St> Idempotency<S, St> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
         Idempotency { inner, shared }
     }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S> Service<Request<Body>> for Idempotency<S>
+impl<S, St: Store> Service<Request<Body>> for Idempotency<S, St>
 where
     S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -62,8 +72,8 @@ where
     }
 }
 
-async fn handle<S>(
-    shared: Arc<Shared>,
+async fn handle<S, St: Store>(
+    shared: Arc<Shared<St>>,
     mut inner: S,
     req: Request<Body>,
 ) -> Result<Response<Body>, S::Error>
@@ -106,8 +116,8 @@ where
 }
 
 /// A request with a well-formed key: scoped, read, reserved, then run or answered.
-async fn idempotent<S>(
-    shared: &Shared,
+async fn idempotent<S, St: Store>(
+    shared: &Shared<St>,
     inner: S,
     parts: Parts,
     body: Body,
@@ -137,11 +147,11 @@ where
     let payload = (config.fingerprint)(&parts, &bytes);
     let outcome = match config.wait {
         Some(wait) => {
-            db.reserve_or_wait_async(&scope, key, payload.as_slice(), config.lease, wait)
+            db.reserve_or_wait(&scope, key, payload.as_slice(), config.lease, wait)
                 .await
         }
         None => {
-            db.reserve_async(&scope, key, payload.as_slice(), config.lease)
+            db.reserve(&scope, key, payload.as_slice(), config.lease)
                 .await
         }
     };
@@ -231,7 +241,7 @@ fn replay(config: &IdempotencyConfig, stored: &[u8]) -> Response<Body> {
     response
 }
 
-fn retention_seconds(shared: &Shared, operation: &str) -> Option<HeaderValue> {
+fn retention_seconds<St: Store>(shared: &Shared<St>, operation: &str) -> Option<HeaderValue> {
     let ttl = shared.db.retention().ttl_for(operation.as_bytes());
     HeaderValue::from_str(&ttl.as_secs().to_string()).ok()
 }

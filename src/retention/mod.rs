@@ -17,7 +17,7 @@ pub(crate) mod key_index;
 pub(crate) mod locate;
 pub(crate) mod partition;
 pub(crate) mod records;
-mod settings;
+pub(crate) mod settings;
 
 pub(crate) use settings::Rules;
 pub use settings::{BeyondHorizonPolicy, Retention};

@@ -171,6 +171,11 @@ impl Rules {
 
     /// When `rec`, stored under a TTL of `ttl`, expires: a TTL after its lease ends while
     /// IN_PROGRESS, a TTL after its last change once finished (saturating).
+    /// Every TTL in use: the default and each operation's.
+    pub(crate) fn ttls(&self) -> impl Iterator<Item = u64> + '_ {
+        std::iter::once(self.default_ttl_ms).chain(self.operation_ttls.values().copied())
+    }
+
     pub(crate) fn expires_at(&self, rec: &Record, ttl: u64) -> u64 {
         match rec.state {
             RecordState::InProgress => rec.lease_expires_at.saturating_add(ttl),

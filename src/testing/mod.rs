@@ -3,6 +3,8 @@
 //! acknowledged, shared by the crash tests and the fuzz targets.
 
 mod backend;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};

@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use redb::{Durability, WriteTransaction};
 
 use crate::config::Limits;
-use crate::decide::{Decision, Replay, check_owner, decide};
+use crate::decide::{Decision, Replay, check_owner, decide, new_owner};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::meta::{META, NEXT_TOKEN_KEY};
@@ -368,22 +368,7 @@ fn claim(
         .checked_add(1)
         .ok_or_else(|| Error::Internal("fencing tokens exhausted".into()))?;
     let takeover = previous.is_some();
-    let (created_at, attempts) = match previous {
-        Some(prev) => (prev.created_at, prev.attempts.saturating_add(1)),
-        None => (now, 1),
-    };
-    let rec = Record {
-        state: RecordState::InProgress,
-        fingerprint,
-        token,
-        lease_expires_at,
-        created_at,
-        updated_at: now,
-        attempts,
-        // Set by Records::store.
-        expires_at: u64::MAX,
-        response: Vec::new(),
-    };
+    let rec = new_owner(previous.as_ref(), fingerprint, token, lease_expires_at, now);
     Ok(Claim::Acquired {
         rec,
         takeover,

@@ -364,8 +364,9 @@ impl Writer {
     /// what the batch did is durable. Writes are refused from now on.
     fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
         self.engine.poison();
-        let source = match e {
-            Error::Storage(s) | Error::OutcomeUnknown(s) => s,
+        let source: Arc<dyn std::error::Error + Send + Sync> = match e {
+            Error::Storage(s) => s,
+            Error::OutcomeUnknown(s) => s,
             other => Arc::new(redb::Error::Corrupted(other.to_string())),
         };
         (0..n)

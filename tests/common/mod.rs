@@ -196,3 +196,4 @@ pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
     drop(db);
     disk
 }
+pub mod stores;

@@ -1,0 +1,488 @@
+//! The caller's writes in the transaction that writes the record: `execute` (one shot),
+//! `complete_with` / `fail_with` (two step) and the inbox's `consume`, over PostgreSQL.
+//!
+//! The closure returns a boxed future ([`PgFuture`]: `|tx| Box::pin(async move { .. })`),
+//! so that the call's own future is `Send` wherever the closure's is (an async closure's
+//! future cannot promise that to the compiler yet). It is `FnMut`: after a serialization
+//! failure or a deadlock the whole transaction, closure included, runs again (its writes
+//! were rolled back), up to 8 times. It must write only through the [`PgTx`]; a side effect
+//! outside the database belongs in the two-step flow.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, ToStatement};
+
+use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, pool};
+use super::owner::FINISH;
+use super::reserve::{PARTITION_SLACK_MS, insert};
+use super::rows::{Found, KeyParts, NEWEST, ms, state_code, token_value};
+use super::wait::{CHANNEL, payload};
+use super::{Inner, PgStore};
+use crate::decide::{Decision, check_owner, decide, new_owner};
+use crate::error::{Error, ExecuteError};
+use crate::fingerprint::Payload;
+use crate::inbox::Consumed;
+use crate::inbox::{INBOX_PAYLOAD, consumed, names};
+use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::record::RecordState;
+use crate::retention::BeyondHorizonPolicy;
+use crate::scope::{Key, RecordKey, Scope};
+use crate::token::{FencingToken, Reservation};
+
+/// The transaction a closure of [`PgStore::execute`] or [`PgStore::complete_with`] writes
+/// through: it derefs to tokio-postgres's
+/// [`Transaction`](tokio_postgres::Transaction), which also writes (or finishes) the record;
+/// both commit together.
+///
+/// Its own `execute`, `query`, `query_one`, `query_opt` and `batch_execute` (which the
+/// methods of the same names resolve to) note a serialization failure or deadlock, so that
+/// the store runs the transaction again even when the closure turned that error into its own.
+/// Statements made through other methods of the `Transaction` are not watched.
+pub struct PgTx<'a> {
+    txn: &'a tokio_postgres::Transaction<'a>,
+    now_ms: u64,
+    beyond_horizon: bool,
+    conflict: AtomicBool,
+}
+
+impl<'a> Deref for PgTx<'a> {
+    type Target = tokio_postgres::Transaction<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        self.txn
+    }
+}
+
+impl<'a> PgTx<'a> {
+    fn new(txn: &'a tokio_postgres::Transaction<'a>, now_ms: u64, beyond_horizon: bool) -> Self {
+        PgTx {
+            txn,
+            now_ms,
+            beyond_horizon,
+            conflict: AtomicBool::new(false),
+        }
+    }
+
+    fn watch<T>(
+        &self,
+        result: Result<T, tokio_postgres::Error>,
+    ) -> Result<T, tokio_postgres::Error> {
+        if let Err(e) = &result
+            && is_retryable(e)
+        {
+            self.conflict.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// [`Transaction::execute`](tokio_postgres::Transaction::execute), watched for conflicts.
+    pub async fn execute<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.watch(self.txn.execute(statement, params).await)
+    }
+
+    /// [`Transaction::query`](tokio_postgres::Transaction::query), watched for conflicts.
+    pub async fn query<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.watch(self.txn.query(statement, params).await)
+    }
+
+    /// [`Transaction::query_one`](tokio_postgres::Transaction::query_one), watched for
+    /// conflicts.
+    pub async fn query_one<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.watch(self.txn.query_one(statement, params).await)
+    }
+
+    /// [`Transaction::query_opt`](tokio_postgres::Transaction::query_opt), watched for
+    /// conflicts.
+    pub async fn query_opt<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.watch(self.txn.query_opt(statement, params).await)
+    }
+
+    /// [`Transaction::batch_execute`](tokio_postgres::Transaction::batch_execute), watched
+    /// for conflicts.
+    pub async fn batch_execute(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.watch(self.txn.batch_execute(sql).await)
+    }
+
+    /// Whether a watched statement hit a serialization failure or deadlock.
+    fn conflicted(&self) -> bool {
+        self.conflict.load(Ordering::Relaxed)
+    }
+
+    /// The store's clock at the start of this attempt, ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Whether the key came back beyond its horizon (see
+    /// [`Reservation::is_beyond_horizon`]).
+    pub fn is_beyond_horizon(&self) -> bool {
+        self.beyond_horizon
+    }
+}
+
+/// The future a closure of [`PgStore::execute`] or [`PgStore::complete_with`] returns:
+/// `Box::pin(async move { .. })`, borrowing the [`PgTx`] for its lifetime.
+pub type PgFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
+
+/// What one attempt of a closure transaction ended with.
+enum Ran<T, E> {
+    /// Committed (or answered without the closure).
+    Answer(T),
+    /// The closure failed: rolled back.
+    Closure(E),
+}
+
+impl PgStore {
+    /// Runs `body` once per intent, its writes and the finished record in one PostgreSQL
+    /// transaction; duplicates get the stored outcome.
+    ///
+    /// ```no_run
+    /// # async fn run(store: &idemdb::PgStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idemdb::{Key, Outcome, PgTx, Scope};
+    /// let outcome = store
+    ///     .execute(&Scope::new("POST /orders", "u1"), &Key::new("k1"), b"req", |tx: &mut PgTx<'_>| {
+    ///         Box::pin(async move {
+    ///             tx.execute("INSERT INTO orders (id) VALUES ('o-1')", &[]).await?;
+    ///             Ok::<_, idemdb::tokio_postgres::Error>(Outcome::Completed(b"201".to_vec()))
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ``` See [`IdemDb::execute`](crate::IdemDb::execute)
+    /// for the outcomes.
+    ///
+    /// A duplicate that arrives while `body` runs waits for its commit (the key's lock
+    /// stripe is held). `body` may run again after a serialization failure or deadlock.
+    pub async fn execute<F, E>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'_>>,
+        body: F,
+    ) -> Result<ExecuteOutcome, ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
+        E: Send + 'static,
+    {
+        let inner = &self.inner;
+        let key = RecordKey::encode(scope, key, &inner.limits)?;
+        let fingerprint = inner.fingerprinter.resolve(payload.into());
+        inner.execute_encoded(&key, fingerprint, body).await
+    }
+
+    /// Finishes the reservation with success and runs `body` in the same transaction: the
+    /// record becomes COMPLETED with `response` only if `body` succeeds. Refused like
+    /// [`complete`](crate::Store::complete) (nothing runs then).
+    pub async fn complete_with<F, E>(
+        &self,
+        reservation: &Reservation,
+        response: impl Into<Vec<u8>>,
+        body: F,
+    ) -> Result<(), ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
+        E: Send + 'static,
+    {
+        let state = RecordState::Completed;
+        self.inner
+            .finish_with(reservation, state, response.into(), body)
+            .await
+    }
+
+    /// [`complete_with`](Self::complete_with) for a deterministic failure: FAILED.
+    pub async fn fail_with<F, E>(
+        &self,
+        reservation: &Reservation,
+        response: impl Into<Vec<u8>>,
+        body: F,
+    ) -> Result<(), ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
+        E: Send + 'static,
+    {
+        let state = RecordState::Failed;
+        self.inner
+            .finish_with(reservation, state, response.into(), body)
+            .await
+    }
+
+    /// Inbox dedupe: runs `handler` once per `message_id` of `consumer`, its writes
+    /// committing with the dedupe record. See [`IdemDb::consume`](crate::IdemDb::consume).
+    pub async fn consume<F, E>(
+        &self,
+        consumer: &str,
+        message_id: impl AsRef<[u8]>,
+        mut handler: F,
+    ) -> Result<Consumed, ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
+        E: Send + 'static,
+    {
+        let (scope, key) = names(consumer, message_id.as_ref());
+        let body = completing(|tx| {
+            let handled = handler(tx);
+            Box::pin(async move { handled.await.map(|()| Outcome::Completed(Vec::new())) })
+        });
+        let outcome = self.execute(&scope, &key, INBOX_PAYLOAD, body).await?;
+        Ok(consumed(consumer, outcome)?)
+    }
+}
+
+/// The record the reservation owns, locked for the transaction.
+const OWNED: &str = "SELECT token FROM idemdb_records WHERE operation = $1 AND principal = $2 \
+     AND key = $3 AND token = $4 AND state = 1 AND expires_at > $5 FOR UPDATE";
+
+/// A watched statement of the closure lost a conflict: the transaction runs again.
+fn conflict() -> Step {
+    Step::Retry(Error::Internal(
+        "the closure's transaction kept losing serialization conflicts or deadlocks".into(),
+    ))
+}
+
+/// Gives a closure the higher-ranked signature `execute` needs (closures do not infer it
+/// from their body).
+fn completing<F, E>(f: F) -> F
+where
+    F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>>,
+{
+    f
+}
+
+impl Inner {
+    async fn execute_encoded<F, E>(
+        &self,
+        key: &RecordKey,
+        fingerprint: crate::fingerprint::Fingerprint,
+        mut body: F,
+    ) -> Result<ExecuteOutcome, ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
+        E: Send + 'static,
+    {
+        let p = KeyParts::of(key)?;
+        let ttl = self.rules.ttl_ms(key);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let step: Result<Ran<ExecuteOutcome, E>, Step> = async {
+                let mut client = self.pool.get().await.map_err(pool)?;
+                let expires = self.clock.now_ms().saturating_add(ttl);
+                self.partitions
+                    .ensure_range(&client, expires, expires.saturating_add(PARTITION_SLACK_MS))
+                    .await
+                    .map_err(Step::before_commit)?;
+                let txn = client.transaction().await.map_err(Step::before_commit)?;
+                let (found, now) = self.locked_look(&txn, key, &p).await?;
+                let beyond = found.expired;
+                let previous = match decide(found.live, fingerprint, now) {
+                    Decision::Replay(r) => return Ok(Ran::Answer(r.into())),
+                    Decision::Acquire
+                        if beyond && self.rules.policy == BeyondHorizonPolicy::Refuse =>
+                    {
+                        return Ok(Ran::Answer(ExecuteOutcome::BeyondHorizon));
+                    }
+                    Decision::Acquire => None,
+                    Decision::TakeOver(prev) => Some(prev),
+                };
+                let mut tx = PgTx::new(&txn, now, beyond);
+                // A conflict the closure swallowed left the transaction aborted: run again.
+                let outcome = match body(&mut tx).await {
+                    _ if tx.conflicted() => return Err(conflict()),
+                    Ok(outcome) => outcome,
+                    Err(e) => return Ok(Ran::Closure(e)),
+                };
+                self.limits.check_response(outcome.response())?;
+                let (state, response) = match &outcome {
+                    Outcome::Completed(b) => (RecordState::Completed, b.clone()),
+                    Outcome::Failed(b) => (RecordState::Failed, b.clone()),
+                };
+                let placeholder = previous
+                    .as_ref()
+                    .map(|r| r.token)
+                    .or(FencingToken::new(1))
+                    .ok_or_else(|| Error::Internal("token 1".into()))?;
+                let mut rec = new_owner(previous.as_ref(), fingerprint, placeholder, now, now);
+                rec.state = state;
+                rec.response = response;
+                rec.expires_at = self.rules.expires_at(&rec, ttl);
+                match &previous {
+                    None => {
+                        insert(&txn, &p, &rec).await?;
+                    }
+                    Some(prev) => {
+                        // The earlier owner's lease ran out; it is fenced from here on.
+                        let n = txn
+                            .execute(
+                                "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
+                                 state = $5, response = $6, lease_expires_at = $7, \
+                                 updated_at = $7, attempts = attempts + 1, expires_at = $8 \
+                                 WHERE operation = $1 AND principal = $2 AND key = $3 \
+                                 AND token = $4 AND state = 1",
+                                &[
+                                    &p.operation,
+                                    &p.principal,
+                                    &p.key,
+                                    &token_value(prev.token),
+                                    &state_code(rec.state),
+                                    &rec.response,
+                                    &ms(now),
+                                    &ms(rec.expires_at),
+                                ],
+                            )
+                            .await
+                            .map_err(Step::before_commit)?;
+                        if n != 1 {
+                            // Its owner finished it meanwhile: decide again.
+                            return Err(moved());
+                        }
+                    }
+                }
+                txn.commit().await.map_err(Step::at_commit)?;
+                Ok(Ran::Answer(ExecuteOutcome::Executed(outcome)))
+            }
+            .await;
+            match step {
+                Ok(Ran::Answer(outcome)) => return Ok(outcome),
+                Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
+                Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
+                Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
+            }
+        }
+    }
+
+    async fn finish_with<F, E>(
+        &self,
+        reservation: &Reservation,
+        state: RecordState,
+        response: Vec<u8>,
+        mut body: F,
+    ) -> Result<(), ExecuteError<E>>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
+        E: Send + 'static,
+    {
+        self.check_issuer(reservation)?;
+        self.limits.check_response(&response)?;
+        let key = &reservation.record_key;
+        let p = KeyParts::of(key)?;
+        let ttl = self.rules.ttl_ms(key);
+        let channel = CHANNEL.to_string();
+        let hash = payload(key);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let step: Result<Ran<(), E>, Step> = async {
+                let mut client = self.pool.get().await.map_err(pool)?;
+                let now = self.clock.now_ms();
+                let expires = now.saturating_add(ttl);
+                self.partitions
+                    .ensure(&client, expires)
+                    .await
+                    .map_err(Step::before_commit)?;
+                let txn = client.transaction().await.map_err(Step::before_commit)?;
+                // Owned, and locked: no takeover can slip in while the closure runs.
+                let owned = txn
+                    .query_opt(
+                        OWNED,
+                        &[
+                            &p.operation,
+                            &p.principal,
+                            &p.key,
+                            &token_value(reservation.token),
+                            &ms(now),
+                        ],
+                    )
+                    .await
+                    .map_err(Step::before_commit)?;
+                if owned.is_none() {
+                    let row = txn
+                        .query_opt(NEWEST, &[&p.operation, &p.principal, &p.key])
+                        .await
+                        .map_err(Step::before_commit)?;
+                    let live = Found::of(row.as_ref(), now)?.live;
+                    check_owner(live, reservation.token)?;
+                    // Owned after all (it moved between the statements): run again.
+                    return Err(moved());
+                }
+                let mut tx = PgTx::new(&txn, now, reservation.beyond_horizon);
+                match body(&mut tx).await {
+                    _ if tx.conflicted() => return Err(conflict()),
+                    Ok(()) => {}
+                    Err(e) => return Ok(Ran::Closure(e)),
+                }
+                // After the closure: on a transaction the closure left aborted this fails,
+                // where a bare COMMIT would roll back and report nothing.
+                let finished = txn
+                    .query(
+                        FINISH,
+                        &[
+                            &p.operation,
+                            &p.principal,
+                            &p.key,
+                            &token_value(reservation.token),
+                            &state_code(state),
+                            &response,
+                            &ms(now),
+                            &ms(expires),
+                            &channel,
+                            &hash,
+                        ],
+                    )
+                    .await
+                    .map_err(Step::before_commit)?;
+                if finished.len() != 1 {
+                    return Err(Step::Fail(Error::Internal(
+                        "a locked record was not finished".into(),
+                    )));
+                }
+                txn.commit().await.map_err(Step::at_commit)?;
+                Ok(Ran::Answer(()))
+            }
+            .await;
+            match step {
+                Ok(Ran::Answer(())) => return Ok(()),
+                Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
+                Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
+                Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
+            }
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The store over PostgreSQL (feature `postgres`): the same semantics as the embedded engine
+//! (the same `decide` and `check_owner`, docs/semantics.md), for services whose instances
+//! share one database.
+//!
+//! - reserve.rs: `reserve`, `reserve_or_wait`, `get`;
+//! - owner.rs: `complete`, `fail`, `release`, `extend`;
+//! - execute.rs: `execute`, `complete_with`, `fail_with`, `consume`: the caller's writes in
+//!   the transaction that writes the record;
+//! - schema.rs, rows.rs: the tables, versioned, and records as rows;
+//! - partitions.rs: time partitions and the compactor; wait.rs: LISTEN/NOTIFY;
+//! - errors.rs: refused, retried or outcome unknown.
+
+mod errors;
+mod execute;
+mod owner;
+mod partitions;
+mod reserve;
+mod rows;
+mod schema;
+mod wait;
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+pub use execute::{PgFuture, PgTx};
+pub use partitions::PgCompaction;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Limits;
+use crate::error::Error;
+use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
+use crate::outcome::ReserveOutcome;
+use crate::record::Record;
+use crate::retention::Retention;
+use crate::retention::settings::Rules;
+use crate::scope::{Key, Scope};
+use crate::store::Store;
+use crate::token::Reservation;
+use errors::database;
+use partitions::Partitions;
+use wait::Waits;
+
+/// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
+/// engine (retention, limits, clock).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemdb::Error> {
+/// use idemdb::PgStore;
+/// let builder = PgStore::builder("postgres://app@db.internal/shop")?.pool_size(32);
+/// builder.migrate().await?; // once per deploy, or at every start: it is idempotent
+/// let store = builder.connect().await?;
+/// # Ok(()) }
+/// ```
+pub struct PgStoreBuilder {
+    config: tokio_postgres::Config,
+    pool_size: usize,
+    retention: Retention,
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+    wait_poll: Duration,
+}
+
+impl PgStore {
+    /// A builder for the database at `url` (a libpq connection string or URL; TLS is not
+    /// supported: connect over a trusted network or a local socket).
+    pub fn builder(url: &str) -> Result<PgStoreBuilder, Error> {
+        let config: tokio_postgres::Config = url.parse().map_err(database)?;
+        Ok(PgStoreBuilder {
+            config,
+            pool_size: 16,
+            retention: Retention::default(),
+            limits: Limits::default(),
+            clock: Arc::new(SystemClock),
+            wait_poll: Duration::from_secs(1),
+        })
+    }
+}
+
+impl PgStoreBuilder {
+    /// Connections in the pool (default 16). Each operation holds one for its statements;
+    /// `execute` and `complete_with` hold one while their closure runs.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Retention: TTL per operation, partition width, beyond-horizon policy and the
+    /// compactor's interval (see docs/semantics.md for what differs from the embedded
+    /// engine). Keep the partition width the same for a database.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Input limits (lengths of keys, scopes and responses).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The clock leases and expiry are read from (default: the system clock). Instances that
+    /// share a database must agree on the time to well within a lease.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How often a waiting duplicate looks again even without a notification (default 1 s):
+    /// the fallback when a notification is lost (a listener reconnecting).
+    pub fn wait_poll_interval(mut self, interval: Duration) -> Self {
+        self.wait_poll = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Creates idemdb's tables, or upgrades them, and returns the schema version now in
+    /// place. Idempotent, and safe to run from several instances at once. Refuses a schema
+    /// of a newer build with [`Error::UnsupportedFormat`].
+    pub async fn migrate(&self) -> Result<u32, Error> {
+        let (mut client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(database)?;
+        let driver = tokio::spawn(connection);
+        let version = schema::migrate(&mut client).await;
+        drop(client);
+        let _ = driver.await;
+        version.map(i32::unsigned_abs)
+    }
+
+    /// Connects: opens the pool, reads the database's identity and fingerprint secret, starts
+    /// the listener for waiting duplicates and (unless the retention's `compact_interval` is
+    /// `None`) the compactor, as tasks on the current tokio runtime. The schema must be
+    /// migrated ([`migrate`](Self::migrate)).
+    pub async fn connect(self) -> Result<PgStore, Error> {
+        self.retention.validate()?;
+        self.limits.validate()?;
+        let manager = deadpool_postgres::Manager::from_config(
+            self.config.clone(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| Error::Database(Arc::new(e)))?;
+        let meta = {
+            let client = pool.get().await.map_err(errors::pool)?;
+            schema::Meta::read(&client).await?
+        };
+        let rules = self.retention.rules();
+        let inner = Arc::new(Inner {
+            partitions: Partitions::new(rules.width_ms),
+            pool,
+            database_id: meta.database_id,
+            fingerprinter: meta.fingerprinter,
+            limits: self.limits,
+            retention: self.retention,
+            rules,
+            clock: self.clock,
+            waits: Arc::new(Waits::default()),
+            wait_poll: self.wait_poll,
+        });
+        let mut tasks = vec![tokio::spawn(wait::listen(
+            self.config,
+            Arc::downgrade(&inner.waits),
+        ))];
+        if let Some(every) = inner.retention.compact_interval {
+            tasks.push(tokio::spawn(compactor(Arc::downgrade(&inner), every)));
+        }
+        Ok(PgStore { inner, tasks })
+    }
+}
+
+/// The idempotency store over PostgreSQL: many instances of a service share one database
+/// and get the embedded engine's semantics (docs/semantics.md; the rows that differ say so).
+///
+/// Async: every call awaits its statements on the tokio runtime it was connected on. Every
+/// outcome returned is committed. A connection lost where a commit may have happened answers
+/// [`Error::OutcomeUnknown`]; a serialization failure or deadlock is retried inside, up to 8
+/// times. Dropping the store stops its listener and compactor.
+pub struct PgStore {
+    inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pool: deadpool_postgres::Pool,
+    database_id: u64,
+    fingerprinter: Fingerprinter,
+    limits: Limits,
+    retention: Retention,
+    rules: Rules,
+    clock: Arc<dyn Clock>,
+    partitions: Partitions,
+    waits: Arc<Waits>,
+    wait_poll: Duration,
+}
+
+impl PgStore {
+    /// Drops every time partition whose records have all expired, and makes the partitions
+    /// the next writes will need. The background compactor does this every
+    /// `compact_interval`.
+    pub async fn compact_now(&self) -> Result<PgCompaction, Error> {
+        self.inner.compact().await
+    }
+
+    /// The connection pool, for the service's own statements outside idemdb's transactions.
+    pub fn pool(&self) -> &deadpool_postgres::Pool {
+        &self.inner.pool
+    }
+}
+
+impl Inner {
+    async fn compact(&self) -> Result<PgCompaction, Error> {
+        let mut report = PgCompaction::default();
+        let client = self.pool.get().await.map_err(errors::pool)?;
+        let now = self.clock.now_ms();
+        self.partitions
+            .drop_expired(&client, now, &mut report)
+            .await?;
+        // The partitions the next writes go to: a finished record's, and an owner's lease
+        // beyond it, for each TTL.
+        let mut ttls: Vec<u64> = self.rules.ttls().collect();
+        ttls.sort_unstable();
+        ttls.dedup();
+        for ttl in ttls {
+            let from = now.saturating_add(ttl);
+            let to = from.saturating_add(self.rules.width_ms.saturating_mul(2));
+            report.partitions_created += self
+                .partitions
+                .ensure_range(&client, from, to)
+                .await
+                .map_err(database)?;
+        }
+        Ok(report)
+    }
+}
+
+async fn compactor(inner: Weak<Inner>, every: Duration) {
+    loop {
+        match inner.upgrade() {
+            // A failure is retried at the next interval; reads ignore expired rows anyway.
+            Some(inner) => drop(inner.compact().await),
+            None => return,
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+impl Store for PgStore {
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    fn retention(&self) -> &Retention {
+        &self.inner.retention
+    }
+
+    fn fingerprint(&self, payload: &[u8]) -> Fingerprint {
+        self.inner.fingerprinter.fingerprint(payload)
+    }
+
+    fn reserve<'p>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'p>>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
+        self.inner.reserve(scope, key, payload.into(), lease)
+    }
+
+    fn reserve_or_wait<'p>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: impl Into<Payload<'p>>,
+        lease: Duration,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
+        self.inner
+            .reserve_or_wait(scope, key, payload.into(), lease, timeout)
+    }
+
+    fn complete(
+        &self,
+        reservation: &Reservation,
+        response: impl Into<Vec<u8>>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.inner.finish(
+            reservation,
+            crate::record::RecordState::Completed,
+            response.into(),
+        )
+    }
+
+    fn fail(
+        &self,
+        reservation: &Reservation,
+        response: impl Into<Vec<u8>>,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.inner.finish(
+            reservation,
+            crate::record::RecordState::Failed,
+            response.into(),
+        )
+    }
+
+    fn release(&self, reservation: &Reservation) -> impl Future<Output = Result<(), Error>> + Send {
+        self.inner.release(reservation)
+    }
+
+    fn extend(
+        &self,
+        reservation: &mut Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.inner.extend(reservation, lease)
+    }
+
+    fn get(
+        &self,
+        scope: &Scope,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<Record>, Error>> + Send {
+        self.inner.get(scope, key)
+    }
+
+    fn release_detached(&self, reservation: Reservation) -> Result<(), Error> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("release_detached outside a tokio runtime".into()))?;
+        let inner = Arc::clone(&self.inner);
+        handle.spawn(async move {
+            if let Err(e) = inner.release(&reservation).await {
+                crate::observe::warn_detached_release(&e);
+            }
+        });
+        Ok(())
+    }
+}

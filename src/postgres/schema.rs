@@ -1,0 +1,178 @@
+//! The schema, created and upgraded by [`PgStoreBuilder::migrate`](super::PgStoreBuilder::migrate),
+//! versioned in `idemdb_meta`. docs/design.md §13 describes every table.
+
+use tokio_postgres::error::SqlState;
+
+use super::errors::{database, is_retryable};
+use crate::error::Error;
+use crate::fingerprint::{Fingerprinter, SECRET_LEN};
+
+/// The newest schema version this build writes and reads.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// Lock stripes: a reservation of a key with no live record holds its stripe's row lock
+/// while it looks again and inserts, so that no two callers insert the same key (a
+/// partitioned table has no unique index across partitions).
+pub(crate) const STRIPES: i32 = 1024;
+
+/// Version 1. Every statement is idempotent, so that instances migrating at once converge.
+const V1: &str = "
+CREATE TABLE IF NOT EXISTS idemdb_meta (
+    id int PRIMARY KEY CHECK (id = 1),
+    schema_version int NOT NULL,
+    database_id bigint NOT NULL,
+    fingerprint_secret bytea NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS idemdb_tokens AS bigint MINVALUE 1 START WITH 1;
+CREATE TABLE IF NOT EXISTS idemdb_stripes (stripe int PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS idemdb_records (
+    operation bytea NOT NULL,
+    principal bytea NOT NULL,
+    key bytea NOT NULL,
+    state smallint NOT NULL,
+    fingerprint bytea NOT NULL,
+    token bigint NOT NULL,
+    lease_expires_at bigint NOT NULL,
+    created_at bigint NOT NULL,
+    updated_at bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    attempts int NOT NULL,
+    response bytea NOT NULL
+) PARTITION BY RANGE (expires_at);
+CREATE INDEX IF NOT EXISTS idemdb_records_key
+    ON idemdb_records (operation, principal, key, expires_at DESC);
+";
+
+/// Applies every migration newer than the database's version, in one transaction each;
+/// returns the version now in place. Refuses a database of a newer build.
+pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, Error> {
+    let mut attempts = 0;
+    loop {
+        match migrate_once(client).await {
+            Ok(v) => return Ok(v),
+            // Two instances creating the same objects at once: the loser retries and finds
+            // them made.
+            Err(e) if attempts < 8 && (is_retryable(&e) || is_create_race(&e)) => attempts += 1,
+            Err(e) => return Err(database(e)),
+        }
+    }
+}
+
+fn is_create_race(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(
+            &SqlState::UNIQUE_VIOLATION | &SqlState::DUPLICATE_TABLE | &SqlState::DUPLICATE_OBJECT
+        )
+    )
+}
+
+async fn migrate_once(client: &mut tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+    let found = version(client).await?;
+    if found.is_some_and(|v| v >= SCHEMA_VERSION) {
+        return Ok(found.unwrap_or(SCHEMA_VERSION));
+    }
+    let txn = client.transaction().await?;
+    txn.batch_execute(V1).await?;
+    txn.execute(
+        "INSERT INTO idemdb_stripes SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING",
+        &[&STRIPES],
+    )
+    .await?;
+    // The identity and the secret are made once: the first instance's win.
+    let (id, secret) = identity();
+    txn.execute(
+        "INSERT INTO idemdb_meta (id, schema_version, database_id, fingerprint_secret) \
+         VALUES (1, $1, $2, $3) ON CONFLICT (id) DO NOTHING",
+        &[&SCHEMA_VERSION, &id, &secret],
+    )
+    .await?;
+    txn.execute(
+        "UPDATE idemdb_meta SET schema_version = $1 WHERE id = 1 AND schema_version < $1",
+        &[&SCHEMA_VERSION],
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(SCHEMA_VERSION)
+}
+
+/// A random database identity and fingerprint secret; all zero only if the OS has no
+/// randomness, which `Meta::read` then refuses.
+fn identity() -> (i64, Vec<u8>) {
+    let secret = Fingerprinter::random_secret().unwrap_or([0; SECRET_LEN]);
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&secret[..8]);
+    let mut secret = secret.to_vec();
+    // The identity is not part of the secret.
+    let _ = getrandom::fill(&mut secret[..8]);
+    (i64::from_le_bytes(id), secret)
+}
+
+/// The schema version in place; `None` on a database without idemdb's tables.
+async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_postgres::Error> {
+    let exists = client
+        .query_one("SELECT to_regclass('idemdb_meta') IS NOT NULL", &[])
+        .await?
+        .get::<_, bool>(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt("SELECT schema_version FROM idemdb_meta WHERE id = 1", &[])
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// What a store reads once at connect: its identity and fingerprint secret.
+pub(crate) struct Meta {
+    pub(crate) database_id: u64,
+    pub(crate) fingerprinter: Fingerprinter,
+}
+
+impl Meta {
+    /// Reads the meta row, refusing a database that was not migrated or was migrated by a
+    /// newer build.
+    pub(crate) async fn read(client: &tokio_postgres::Client) -> Result<Meta, Error> {
+        let found = version(client).await.map_err(database)?;
+        match found {
+            None => {
+                return Err(Error::NotIdemdb(
+                    "no idemdb schema in this database: run PgStoreBuilder::migrate first".into(),
+                ));
+            }
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(Error::UnsupportedFormat {
+                    found: v.unsigned_abs(),
+                    supported: SCHEMA_VERSION.unsigned_abs(),
+                });
+            }
+            Some(v) if v < SCHEMA_VERSION => {
+                return Err(Error::NotIdemdb(format!(
+                    "schema version {v} is older than {SCHEMA_VERSION}: run PgStoreBuilder::migrate"
+                )));
+            }
+            Some(_) => {}
+        }
+        let row = client
+            .query_one(
+                "SELECT database_id, fingerprint_secret FROM idemdb_meta WHERE id = 1",
+                &[],
+            )
+            .await
+            .map_err(database)?;
+        let id: i64 = row.get(0);
+        let secret: Vec<u8> = row.get(1);
+        let secret: [u8; SECRET_LEN] = secret.try_into().map_err(|_| {
+            Error::Corrupted("idemdb_meta.fingerprint_secret has the wrong length".into())
+        })?;
+        if secret.iter().all(|&b| b == 0) {
+            return Err(Error::Entropy(
+                "the database's fingerprint secret is all zero (made without randomness)".into(),
+            ));
+        }
+        Ok(Meta {
+            database_id: u64::from_le_bytes(id.to_le_bytes()),
+            fingerprinter: Fingerprinter::new(secret),
+        })
+    }
+}

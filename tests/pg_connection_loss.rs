@@ -1,0 +1,273 @@
+//! A connection lost where the commit may have happened answers `OutcomeUnknown`; lost
+//! before the commit was sent, it is a plain error and nothing is committed. The loss is
+//! real: a TCP proxy between the store and the server cuts the connection at the chosen
+//! message, and the test then reads what the server actually committed.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+
+use common::stores::{fresh_database_url, runtime};
+use common::{LEASE, acquired};
+use idemdb::{Error, Key, PgStore, RecordState, Scope, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Where the proxy cuts the next connection that sends a matching message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Cut {
+    Off = 0,
+    /// Forward `COMMIT` to the server, then cut the client off before any answer.
+    AfterCommit = 1,
+    /// Cut both sides instead of forwarding `COMMIT`.
+    BeforeCommit = 2,
+    /// Forward the next Bind (an autocommit statement), then cut the client off.
+    AfterBind = 3,
+    /// Cut both sides instead of forwarding the reservation's `INSERT` (inside its
+    /// transaction, before the commit is sent).
+    BeforeInsert = 4,
+}
+
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicU8>,
+    tripped: Arc<AtomicBool>,
+}
+
+/// The simple-protocol message tokio-postgres sends to commit.
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// The reservation's insert, as its Parse message carries it.
+const INSERT: &[u8] = b"INSERT INTO idemdb_records";
+
+impl Proxy {
+    async fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicU8::new(Cut::Off as u8));
+        let tripped = Arc::new(AtomicBool::new(false));
+        let (c, t) = (Arc::clone(&cut), Arc::clone(&tripped));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = TcpStream::connect(("127.0.0.1", upstream)).await.unwrap();
+                tokio::spawn(pipe(client, server, Arc::clone(&c), Arc::clone(&t)));
+            }
+        });
+        Proxy { port, cut, tripped }
+    }
+
+    fn arm(&self, cut: Cut) {
+        self.tripped.store(false, Ordering::SeqCst);
+        self.cut.store(cut as u8, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>, tripped: Arc<AtomicBool>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    // Set once the client must hear nothing more.
+    let deaf = Arc::new(AtomicBool::new(false));
+    let deaf_down = Arc::clone(&deaf);
+    let down = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if deaf_down.load(Ordering::SeqCst) || client_write.write_all(&buf[..n]).await.is_err()
+            {
+                break;
+            }
+        }
+        let _ = client_write.shutdown().await;
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match client_read.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        let mode = cut.load(Ordering::SeqCst);
+        let has_commit = chunk.windows(COMMIT.len()).any(|w| w == COMMIT);
+        let starts_bind = chunk.first() == Some(&b'B');
+        let has_insert = chunk.windows(INSERT.len()).any(|w| w == INSERT);
+        let trap = ((mode == Cut::AfterCommit as u8 || mode == Cut::BeforeCommit as u8)
+            && has_commit)
+            || (mode == Cut::AfterBind as u8 && starts_bind)
+            || (mode == Cut::BeforeInsert as u8 && has_insert);
+        let forward = mode == Cut::AfterCommit as u8 || mode == Cut::AfterBind as u8;
+        if trap
+            && cut
+                .compare_exchange(mode, Cut::Off as u8, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            tripped.store(true, Ordering::SeqCst);
+            deaf.store(true, Ordering::SeqCst);
+            if forward {
+                // The server gets the whole message and answers into the void.
+                let _ = server_write.write_all(chunk).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            down.abort();
+            return;
+        }
+        if server_write.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    down.abort();
+}
+
+fn port_of(url: &str) -> u16 {
+    let config: idemdb::tokio_postgres::Config = url.parse().unwrap();
+    config.get_ports()[0]
+}
+
+/// A store through the proxy (one pooled connection, so the cut strikes the operation's
+/// own), and one straight to the server that reads what was committed.
+async fn stores() -> (Proxy, PgStore, PgStore) {
+    let url = fresh_database_url();
+    let proxy = Proxy::start(port_of(&url)).await;
+    let proxied = url.replacen(
+        &format!(":{}/", port_of(&url)),
+        &format!(":{}/", proxy.port),
+        1,
+    );
+    assert_ne!(proxied, url);
+    let direct = PgStore::builder(&url).unwrap();
+    direct.migrate().await.unwrap();
+    let direct = direct.connect().await.unwrap();
+    let through = PgStore::builder(&proxied)
+        .unwrap()
+        .pool_size(1)
+        .connect()
+        .await
+        .unwrap();
+    (proxy, through, direct)
+}
+
+fn scope() -> Scope {
+    Scope::new("POST /purchases", "u1")
+}
+
+#[test]
+fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = stores().await;
+        proxy.arm(Cut::AfterCommit);
+        let key = Key::new("k1");
+        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        assert!(
+            proxy.tripped.load(Ordering::SeqCst),
+            "the cut never happened"
+        );
+        match result {
+            Err(e @ Error::OutcomeUnknown(_)) => assert!(e.is_outcome_unknown()),
+            other => panic!("expected OutcomeUnknown, got {other:?}"),
+        }
+        // It did commit: the record is there, IN_PROGRESS. The caller must read to learn it.
+        let rec = direct
+            .get(&scope(), &key)
+            .await
+            .unwrap()
+            .expect("committed");
+        assert_eq!(rec.state, RecordState::InProgress);
+        // The pool drops the broken connection; the next call works.
+        let again = through
+            .reserve(&scope(), &Key::new("k2"), b"req", LEASE)
+            .await;
+        assert!(
+            matches!(again, Ok(idemdb::ReserveOutcome::Acquired(_))),
+            "{again:?}"
+        );
+    });
+}
+
+#[test]
+fn a_connection_lost_before_commit_is_an_error_and_nothing_is_committed() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = stores().await;
+        proxy.arm(Cut::BeforeInsert);
+        let key = Key::new("k1");
+        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        assert!(
+            proxy.tripped.load(Ordering::SeqCst),
+            "the cut never happened"
+        );
+        match result {
+            Err(e @ Error::Database(_)) => assert!(!e.is_outcome_unknown()),
+            other => panic!("expected a plain database error, got {other:?}"),
+        }
+        // The server rolled the transaction back when the connection went.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(direct.get(&scope(), &key).await.unwrap(), None);
+    });
+}
+
+#[test]
+fn a_commit_sent_but_never_received_is_still_outcome_unknown() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = stores().await;
+        // The proxy swallows COMMIT: the client sent it and cannot know it never arrived.
+        proxy.arm(Cut::BeforeCommit);
+        let key = Key::new("k1");
+        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        assert!(
+            proxy.tripped.load(Ordering::SeqCst),
+            "the cut never happened"
+        );
+        assert!(
+            matches!(result, Err(Error::OutcomeUnknown(_))),
+            "{result:?}"
+        );
+        // "Unknown" meant it: this time nothing committed, and a retry acquires the key.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(direct.get(&scope(), &key).await.unwrap(), None);
+        let retry = through
+            .reserve(&scope(), &key, b"req", LEASE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(retry, idemdb::ReserveOutcome::Acquired(_)),
+            "{retry:?}"
+        );
+    });
+}
+
+#[test]
+fn an_autocommit_complete_cut_after_it_was_sent_is_outcome_unknown_and_did_commit() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = stores().await;
+        // Warm the pooled connection's statement cache: the next complete is one Bind.
+        let warm = acquired(
+            through
+                .reserve(&scope(), &Key::new("w"), b"req", LEASE)
+                .await
+                .unwrap(),
+        );
+        through.complete(&warm, b"ok".to_vec()).await.unwrap();
+        let r = acquired(
+            through
+                .reserve(&scope(), &Key::new("k"), b"req", LEASE)
+                .await
+                .unwrap(),
+        );
+        proxy.arm(Cut::AfterBind);
+        let result = through.complete(&r, b"the answer".to_vec()).await;
+        assert!(
+            proxy.tripped.load(Ordering::SeqCst),
+            "the cut never happened"
+        );
+        assert!(
+            matches!(result, Err(Error::OutcomeUnknown(_))),
+            "{result:?}"
+        );
+        let rec = direct.get(&scope(), &Key::new("k")).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::Completed);
+        assert_eq!(rec.response, b"the answer");
+    });
+}
