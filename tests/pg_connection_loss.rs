@@ -93,7 +93,7 @@ async fn pipe(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>, tripped:
         let chunk = &buf[..n];
         let mode = cut.load(Ordering::SeqCst);
         let has_commit = chunk.windows(COMMIT.len()).any(|w| w == COMMIT);
-        let starts_bind = chunk.first() == Some(&b'B');
+        let starts_bind = has_message(chunk, b'B');
         let has_insert = chunk.windows(INSERT.len()).any(|w| w == INSERT);
         let trap = ((mode == Cut::AfterCommit as u8 || mode == Cut::BeforeCommit as u8)
             && has_commit)
@@ -120,6 +120,20 @@ async fn pipe(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>, tripped:
         }
     }
     down.abort();
+}
+
+/// Whether `chunk` (whole frontend messages: type byte, u32 BE length) holds a message of
+/// `kind`. A dropped statement's Close may ride ahead of the next Bind.
+fn has_message(chunk: &[u8], kind: u8) -> bool {
+    let mut at = 0;
+    while let (Some(&t), Some(len)) = (chunk.get(at), chunk.get(at + 1..at + 5)) {
+        if t == kind {
+            return true;
+        }
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        at += 1 + len;
+    }
+    false
 }
 
 fn port_of(url: &str) -> u16 {

@@ -2,6 +2,14 @@
 //! intent several times (concurrent duplicates, then sequential retries), SIGKILLs the
 //! service a third of the way in and restarts it on the same file, and compares charges made,
 //! purchases acknowledged and orders stored.
+//!
+//! Over PostgreSQL (`--postgres URL` or `--instances N`): N service processes share one
+//! database; each send of a purchase goes to the next instance in turn (concurrent duplicates
+//! start on different instances). The provider takes 40 ms longer per charge, and the first
+//! instance is SIGKILLed while it is charging, once a third of the requests were answered,
+//! and not restarted: the others answer its purchases, taking over its reservations once
+//! their lease runs out. The orders are then counted in PostgreSQL itself, with their
+//! distinct charges.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -11,9 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idemdb::tokio_postgres;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::service::LEASE;
 use crate::{Args, BoxError, CHILD_ENV};
 
 /// A child process of this program, killed (SIGKILL) when dropped.
@@ -66,6 +76,8 @@ impl Drop for Server {
 
 /// One purchase intent and how often the client sends it.
 struct Intent {
+    /// Its number: where its sends start in the turn of instances.
+    index: usize,
     key: String,
     body: String,
     /// Sent this many times at once.
@@ -83,6 +95,7 @@ impl Intent {
                 .to_string()
         };
         Intent {
+            index: i,
             key: format!("{run:x}-intent-{i}"),
             body: body(100 + i),
             duplicates: 2 + i % 3,
@@ -100,6 +113,8 @@ impl Intent {
 #[derive(Default)]
 struct Tally {
     sent: AtomicU64,
+    /// Sends that got an HTTP answer.
+    answered: AtomicU64,
     created: AtomicU64,
     replayed: AtomicU64,
     in_progress: AtomicU64,
@@ -110,7 +125,8 @@ struct Tally {
 
 struct Client {
     http: reqwest::Client,
-    url: String,
+    /// `POST /purchases` of each instance: a send goes to the next one in turn.
+    urls: Vec<String>,
     tally: Tally,
     deadline: Instant,
 }
@@ -121,9 +137,10 @@ fn bump(counter: &AtomicU64) {
 
 impl Client {
     /// Sends until a final answer (retrying on connection errors, 409 and 503), which must be
-    /// a 201: its body.
-    async fn purchase(&self, key: &str, body: &str) -> Result<Vec<u8>, String> {
-        match self.send(key, body).await? {
+    /// a 201: its body. The first attempt goes to instance `start`, each next one to the next
+    /// instance.
+    async fn purchase(&self, key: &str, body: &str, start: usize) -> Result<Vec<u8>, String> {
+        match self.send(key, body, start).await? {
             (201, bytes) => Ok(bytes),
             (status, bytes) => {
                 let body = String::from_utf8_lossy(&bytes);
@@ -133,15 +150,16 @@ impl Client {
     }
 
     /// One attempt after another until an answer that is not 409, 503 or a connection error.
-    async fn send(&self, key: &str, body: &str) -> Result<(u16, Vec<u8>), String> {
-        loop {
+    async fn send(&self, key: &str, body: &str, start: usize) -> Result<(u16, Vec<u8>), String> {
+        let mut refused_in_a_row = 0;
+        for attempt in start.. {
             if Instant::now() > self.deadline {
                 return Err(format!("{key}: no final answer before the deadline"));
             }
             bump(&self.tally.sent);
             let sent = self
                 .http
-                .post(&self.url)
+                .post(&self.urls[attempt % self.urls.len()])
                 .header("idempotency-key", format!("\"{key}\""))
                 .header("content-type", "application/json")
                 .body(body.to_string())
@@ -151,10 +169,16 @@ impl Client {
                 Ok(resp) => resp,
                 Err(_) => {
                     bump(&self.tally.connection_errors);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // The next instance at once; a pause once every instance refused.
+                    refused_in_a_row += 1;
+                    if refused_in_a_row % self.urls.len() == 0 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     continue;
                 }
             };
+            refused_in_a_row = 0;
+            bump(&self.tally.answered);
             let status = resp.status().as_u16();
             let replayed = resp.headers().contains_key("idempotent-replayed");
             let retry_after = resp
@@ -187,15 +211,20 @@ impl Client {
                 _ => return Ok((status, bytes.to_vec())),
             }
         }
+        unreachable!("the attempts are unbounded")
     }
 
     /// Every send of one intent: all must be acknowledged with the same bytes.
     async fn intent(self: Arc<Self>, intent: Intent) -> Result<(), String> {
         let intent = Arc::new(intent);
         let mut duplicates = JoinSet::new();
-        for _ in 0..intent.duplicates {
+        for d in 0..intent.duplicates {
             let (client, intent) = (Arc::clone(&self), Arc::clone(&intent));
-            duplicates.spawn(async move { client.purchase(&intent.key, &intent.body).await });
+            duplicates.spawn(async move {
+                client
+                    .purchase(&intent.key, &intent.body, intent.index + d)
+                    .await
+            });
         }
         let mut first: Option<Vec<u8>> = None;
         let mut check = |bytes: Vec<u8>| match &first {
@@ -209,11 +238,13 @@ impl Client {
         while let Some(joined) = duplicates.join_next().await {
             check(joined.map_err(|e| e.to_string())??)?;
         }
+        let mut next = intent.index + intent.duplicates;
         for _ in 0..intent.retries {
-            check(self.purchase(&intent.key, &intent.body).await?)?;
+            check(self.purchase(&intent.key, &intent.body, next).await?)?;
+            next += 1;
         }
         if let Some(other) = &intent.mismatch {
-            match self.send(&intent.key, other).await? {
+            match self.send(&intent.key, other, next).await? {
                 (422, _) => bump(&self.tally.mismatches),
                 (status, _) => return Err(format!("{}: reused key got {status}", intent.key)),
             }
@@ -226,6 +257,26 @@ async fn get_number(http: &reqwest::Client, url: String) -> Result<u64, BoxError
     Ok(http.get(url).send().await?.text().await?.trim().parse()?)
 }
 
+async fn get_json(http: &reqwest::Client, url: String) -> Result<serde_json::Value, BoxError> {
+    Ok(serde_json::from_str(
+        &http.get(url).send().await?.text().await?,
+    )?)
+}
+
+/// Where the service keeps its records.
+enum Mode {
+    /// One process on an embedded file: killed and restarted on the same file.
+    Embedded { db: String },
+    /// `instances` processes on one PostgreSQL database: the first is killed, the others
+    /// carry on.
+    Postgres { url: String, instances: usize },
+}
+
+/// An instance's name in the output: A, B, C...
+fn name(i: usize) -> char {
+    char::from(b'A' + (i % 26) as u8)
+}
+
 /// Runs the demo; whether charges made, purchases acknowledged and orders stored all equal
 /// the number of intents.
 pub async fn run(args: &Args) -> Result<bool, BoxError> {
@@ -236,19 +287,80 @@ pub async fn run(args: &Args) -> Result<bool, BoxError> {
     let dir = tempfile::tempdir()?;
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (provider_db, service_db) = (path("provider.idemdb"), path("service.idemdb"));
+    let postgres = args.optional("--postgres");
+    let instances: usize = args.number("--instances", if postgres.is_some() { 2 } else { 1 })?;
+    let mode = match (postgres, instances) {
+        (None, 1) => Mode::Embedded { db: service_db },
+        (_, 0 | 1) => return Err("over PostgreSQL, --instances must be 2 or more".into()),
+        (Some(url), instances) => Mode::Postgres {
+            url: url.to_string(),
+            instances,
+        },
+        (None, instances) => {
+            // A fresh database on a throwaway server (or on $IDEMDB_TEST_PG), which stops
+            // when this process ends.
+            let url = tokio::task::spawn_blocking(|| {
+                idemdb::testing::postgres::TestServer::shared()?.fresh_database()
+            })
+            .await??;
+            println!("a fresh PostgreSQL database: {url}");
+            Mode::Postgres { url, instances }
+        }
+    };
     let provider_args = ["provider", "--port", "0", "--db", &provider_db];
+    // Over PostgreSQL, charges take 40 ms longer: A is killed while it is charging.
+    let latency = match mode {
+        Mode::Embedded { .. } => "0",
+        Mode::Postgres { .. } => "40",
+    };
     let provider = Server::start(
         &exe,
-        &[&provider_args[..], &["--fail-every", "23"]].concat(),
+        &[
+            &provider_args[..],
+            &["--fail-every", "23", "--latency-ms", latency],
+        ]
+        .concat(),
     )?;
     let provider_url = format!("http://{}", provider.addr);
     let service_args = |port: &str| -> Vec<String> {
-        let args = ["service", "--port", port, "--db", &service_db];
-        let args = [&args[..], &["--provider", &provider_url]].concat();
-        args.into_iter().map(String::from).collect()
+        let store = match &mode {
+            Mode::Embedded { db } => ["--db", db.as_str()],
+            Mode::Postgres { url, .. } => ["--postgres", url.as_str()],
+        };
+        let args = [
+            &["service", "--port", port][..],
+            &store,
+            &["--provider", &provider_url],
+        ];
+        args.concat().into_iter().map(String::from).collect()
     };
-    let mut service = Server::start(&exe, &service_args("0"))?;
-    let port = service.addr.port().to_string();
+    let services = match &mode {
+        Mode::Embedded { .. } => vec![Server::start(&exe, &service_args("0"))?],
+        // Started together: each migrates and creates the orders table if missing.
+        Mode::Postgres { instances, .. } => {
+            let mut starting = JoinSet::new();
+            for i in 0..*instances {
+                let (exe, args) = (exe.clone(), service_args("0"));
+                starting.spawn_blocking(move || Server::start(&exe, &args).map(|s| (i, s)));
+            }
+            let mut started = Vec::new();
+            while let Some(joined) = starting.join_next().await {
+                started.push(joined??);
+            }
+            started.sort_by_key(|(i, _)| *i);
+            started.into_iter().map(|(_, s)| s).collect()
+        }
+    };
+    let listing = match &mode {
+        Mode::Embedded { .. } => format!("service on {}", services[0].addr),
+        Mode::Postgres { .. } => {
+            let on = services.iter().enumerate();
+            let on: Vec<String> = on
+                .map(|(i, s)| format!("{} on {}", name(i), s.addr))
+                .collect();
+            format!("service instances {} over PostgreSQL", on.join(", "))
+        }
+    };
 
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -257,8 +369,8 @@ pub async fn run(args: &Args) -> Result<bool, BoxError> {
     let planned: u64 = plan.iter().map(Intent::planned).sum();
     println!(
         "{intents} intents, {planned} requests planned, {concurrency} intents at a time; \
-         provider on {}, service on {}",
-        provider.addr, service.addr
+         provider on {}, {listing}",
+        provider.addr
     );
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -266,7 +378,10 @@ pub async fn run(args: &Args) -> Result<bool, BoxError> {
         .build()?;
     let client = Arc::new(Client {
         http: http.clone(),
-        url: format!("http://{}/purchases", service.addr),
+        urls: services
+            .iter()
+            .map(|s| format!("http://{}/purchases", s.addr))
+            .collect(),
         tally: Tally::default(),
         deadline: Instant::now() + deadline,
     });
@@ -281,21 +396,57 @@ pub async fn run(args: &Args) -> Result<bool, BoxError> {
         });
     }
 
-    // A third of the way in: SIGKILL the service, restart it on the same file and port.
-    while client.tally.sent.load(Ordering::Relaxed) < planned / 3 && !tasks.is_empty() {
+    // A third of the way in: SIGKILL the (first) service. Over PostgreSQL, a third of the
+    // requests answered: the first sends all go out at once, and A must have served some.
+    let progress = match &mode {
+        Mode::Embedded { .. } => &client.tally.sent,
+        Mode::Postgres { .. } => &client.tally.answered,
+    };
+    while progress.load(Ordering::Relaxed) < planned / 3 && !tasks.is_empty() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let killed_after = client.tally.sent.load(Ordering::Relaxed);
-    let down = Instant::now();
-    service.kill()?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let args = service_args(&port);
-    service = tokio::task::spawn_blocking(move || Server::start(&exe, &args)).await??;
-    println!(
-        "killed the service (SIGKILL) after {killed_after} requests, restarted it on the same \
-         file in {:.2} s",
-        down.elapsed().as_secs_f64()
-    );
+    let mut services = services;
+    match &mode {
+        Mode::Embedded { .. } => {
+            // Restarted on the same file and port.
+            let down = Instant::now();
+            let port = services[0].addr.port().to_string();
+            services[0].kill()?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (exe, args) = (exe.clone(), service_args(&port));
+            services[0] = tokio::task::spawn_blocking(move || Server::start(&exe, &args)).await??;
+            println!(
+                "killed the service (SIGKILL) after {killed_after} requests, restarted it on \
+                 the same file in {:.2} s",
+                down.elapsed().as_secs_f64()
+            );
+        }
+        Mode::Postgres { .. } => {
+            // While A is charging (its owners wait for the provider's answer, 40 ms or more),
+            // so that it leaves reservations to take over; waited for up to 3 s.
+            let stats = format!("http://{}/stats", services[0].addr);
+            let until = Instant::now() + Duration::from_secs(3);
+            let mut charging = 0;
+            while Instant::now() < until && !tasks.is_empty() {
+                let now = get_json(&http, stats.clone()).await?;
+                charging = now["charging"].as_u64().unwrap_or(0);
+                if charging > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            services[0].kill()?;
+            let killed_after = client.tally.sent.load(Ordering::Relaxed);
+            println!(
+                "killed instance A (SIGKILL) after {killed_after} requests, while it was \
+                 charging {charging} purchases; not restarted: its sends now fail to connect \
+                 and go on to the next instance, which takes over A's reservations once their \
+                 {} s lease has run out",
+                LEASE.as_secs()
+            );
+        }
+    }
 
     let (mut acknowledged, mut failures) = (0u64, Vec::new());
     while let Some(joined) = tasks.join_next().await {
@@ -319,33 +470,74 @@ pub async fn run(args: &Args) -> Result<bool, BoxError> {
         n(&t.connection_errors),
         n(&t.mismatches)
     );
-    let stats: serde_json::Value = serde_json::from_str(
-        &http
-            .get(format!("http://{}/stats", service.addr))
-            .send()
-            .await?
-            .text()
-            .await?,
-    )?;
-    println!(
-        "restarted service: {} takeovers of the killed process's reservations, {} releases, \
-         {} fenced",
-        stats["takeovers"], stats["releases"], stats["fenced"]
-    );
+    let charges = get_number(&http, format!("http://{}/count", provider.addr)).await?;
+    let (orders, distinct_charges) = match &mode {
+        Mode::Embedded { .. } => {
+            let stats = get_json(&http, format!("http://{}/stats", services[0].addr)).await?;
+            println!(
+                "restarted service: {} takeovers of the killed process's reservations, {} \
+                 releases, {} fenced",
+                stats["takeovers"], stats["releases"], stats["fenced"]
+            );
+            let url = format!("http://{}/orders/count", services[0].addr);
+            (get_number(&http, url).await?, None)
+        }
+        Mode::Postgres { url, .. } => {
+            let mut takeovers = 0;
+            for (i, service) in services.iter().enumerate().skip(1) {
+                let stats = get_json(&http, format!("http://{}/stats", service.addr)).await?;
+                takeovers += stats["takeovers"].as_u64().unwrap_or(0);
+                println!(
+                    "instance {}: {} purchases run, {} takeovers of expired reservations, {} \
+                     replays, {} answered 409 in progress, {} releases, {} fenced",
+                    name(i),
+                    stats["acquired"],
+                    stats["takeovers"],
+                    stats["replays"],
+                    stats["in_progress"],
+                    stats["releases"],
+                    stats["fenced"]
+                );
+            }
+            println!("takeovers: {takeovers}, kills: 1 (instance A)");
+            let (orders, distinct) = count_orders(url, run_id).await?;
+            (orders, Some(distinct))
+        }
+    };
     for failure in failures.iter().take(5) {
         println!("failed: {failure}");
     }
-    let charges = get_number(&http, format!("http://{}/count", provider.addr)).await?;
-    let orders = get_number(&http, format!("http://{}/orders/count", service.addr)).await?;
     println!(
         "charges made: {charges}, purchases acknowledged: {acknowledged}, orders stored: {orders}"
     );
     let expected = intents as u64;
-    let equal = failures.is_empty() && [charges, acknowledged, orders] == [expected; 3];
+    let mut equal = failures.is_empty() && [charges, acknowledged, orders] == [expected; 3];
+    if let Some(distinct) = distinct_charges {
+        println!("distinct charges among the orders: {distinct}");
+        equal &= distinct == orders;
+    }
     if equal {
         println!("OK: each of the {intents} purchases was charged once and stored once");
     } else {
         println!("FAILED: expected {intents} of each");
     }
+    drop(services);
+    drop(provider);
     Ok(equal)
+}
+
+/// This run's orders in PostgreSQL (by the run's key prefix: the database may hold earlier
+/// runs'), and how many distinct provider charges they carry.
+async fn count_orders(url: &str, run_id: u64) -> Result<(u64, u64), BoxError> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let connection = tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT charge) FROM orders WHERE idem_key LIKE $1",
+            &[&format!("{run_id:x}-intent-%")],
+        )
+        .await?;
+    drop(client);
+    let _ = connection.await;
+    Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
 }

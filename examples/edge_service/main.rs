@@ -8,11 +8,21 @@
 //!
 //! ```text
 //! edge_service [load] [--intents N] [--concurrency C] [--deadline SECONDS]
-//! edge_service provider --port P --db PATH [--fail-every K]
+//!              [--postgres URL] [--instances N]
+//! edge_service provider --port P --db PATH [--fail-every K] [--latency-ms MS]
 //! edge_service service --port P --db PATH --provider URL
+//! edge_service service --port P --postgres URL --provider URL [--pool-size N]
 //! ```
+//!
+//! With `--postgres URL` or `--instances N` (N >= 2) the load driver runs N service processes
+//! on one PostgreSQL database (`idemdb::PgStore`), sends each purchase's duplicates and
+//! retries to them in turn, and SIGKILLs the first one mid-run; the others take over its
+//! reservations once their lease runs out. Without a URL it starts a throwaway PostgreSQL
+//! (`idemdb::testing::postgres::TestServer`: `$IDEMDB_TEST_PG`, or `initdb` from the machine's
+//! PostgreSQL installation).
 
 mod load;
+mod orders;
 mod provider;
 mod service;
 
@@ -57,6 +67,10 @@ impl Args {
             .get(name)
             .map(String::as_str)
             .ok_or_else(|| format!("{} needs {name}", self.command).into())
+    }
+
+    fn optional(&self, name: &str) -> Option<&str> {
+        self.flags.get(name).map(String::as_str)
     }
 
     fn number<T: FromStr>(&self, name: &str, default: T) -> Result<T, BoxError> {

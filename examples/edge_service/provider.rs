@@ -22,6 +22,8 @@ struct Provider {
     charges: Arc<AtomicU64>,
     /// Every K-th call fails with 503 before charging (0: never).
     fail_every: u64,
+    /// Added to every charge's card-network time.
+    latency: Duration,
 }
 
 pub async fn run(args: &Args) -> Result<(), BoxError> {
@@ -35,6 +37,7 @@ pub async fn run(args: &Args) -> Result<(), BoxError> {
         calls: Arc::default(),
         charges: Arc::default(),
         fail_every: args.number("--fail-every", 0)?,
+        latency: Duration::from_millis(args.number("--latency-ms", 0)?),
     };
     let app = Router::new()
         .route("/charges", post(charge))
@@ -51,7 +54,8 @@ async fn charge(
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     const JSON: [(&str, &str); 1] = [("content-type", "application/json")];
     let call = p.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    tokio::time::sleep(Duration::from_millis(2 + call % 9)).await; // the card network
+    // The card network.
+    tokio::time::sleep(Duration::from_millis(2 + call % 9) + p.latency).await;
     if p.fail_every > 0 && call.is_multiple_of(p.fail_every) {
         // Not charged; a 5xx releases the key, so the retry charges.
         let busy = r#"{"error":"provider busy"}"#.to_string();

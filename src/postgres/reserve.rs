@@ -22,6 +22,7 @@ use crate::record::Record;
 use crate::retention::BeyondHorizonPolicy;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::token::{FencingToken, Reservation};
+use tokio_postgres::types::ToSql;
 
 type Reserved = Result<ReserveOutcome, Error>;
 
@@ -36,6 +37,21 @@ pub(crate) const INSERT: &str = "INSERT INTO idemdb_records (operation, principa
      state, fingerprint, token, lease_expires_at, created_at, updated_at, expires_at, \
      attempts, response) VALUES ($1, $2, $3, $4, $5, nextval('idemdb_tokens'), $6, $7, $8, \
      $9, $10, $11) RETURNING token";
+
+/// Under the key's stripe lock, one statement: the key's newest row, and the insert of the
+/// new owner's record ($4–$11) if no live record exists ($12 = now) and either no record at
+/// all or the policy flags a key beyond its horizon ($13). Column 9: the inserted token.
+const CLAIM: &str = "WITH newest AS (SELECT state, fingerprint, token, lease_expires_at, \
+     created_at, updated_at, expires_at, attempts, response FROM idemdb_records \
+     WHERE operation = $1 AND principal = $2 AND key = $3 ORDER BY expires_at DESC LIMIT 1), \
+     ins AS (INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token, \
+     lease_expires_at, created_at, updated_at, expires_at, attempts, response) \
+     SELECT $1, $2, $3, $4, $5, nextval('idemdb_tokens'), $6, $7, $8, $9, $10, $11 \
+     WHERE NOT EXISTS (SELECT 1 FROM newest WHERE expires_at > $12) \
+     AND ($13 OR NOT EXISTS (SELECT 1 FROM newest)) RETURNING token) \
+     SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at, \
+     n.expires_at, n.attempts, n.response, (SELECT token FROM ins) \
+     FROM (SELECT 1) AS one LEFT JOIN newest AS n ON true";
 
 /// Locks the stripe of a key; held until the transaction ends.
 const LOCK_STRIPE: &str = "SELECT stripe FROM idemdb_stripes WHERE stripe = $1 FOR UPDATE";
@@ -195,36 +211,67 @@ impl Inner {
             .await
             .map_err(Step::before_commit)?;
         let txn = client.transaction().await.map_err(Step::before_commit)?;
-        // Decided again on what the lock lets this transaction see.
-        let (found, now) = self.locked_look(&txn, request.key, p).await?;
-        let beyond = found.expired;
-        let outcome = match decide(found.live, request.fingerprint, now) {
-            Decision::Replay(r) => return Ok(Some(r.into())),
-            // Taken over without the lock; the record is live, so no insert races it.
-            Decision::TakeOver(_) => return Ok(None),
-            Decision::Acquire if beyond && self.rules.policy == BeyondHorizonPolicy::Refuse => {
-                return Ok(Some(ReserveOutcome::BeyondHorizon));
-            }
-            Decision::Acquire => {
-                let lease_end = now.saturating_add(request.lease_ms);
-                let placeholder =
-                    FencingToken::new(1).ok_or_else(|| Error::Internal("token 1".into()))?;
-                let mut rec = new_owner(None, request.fingerprint, placeholder, lease_end, now);
-                rec.expires_at = self.rules.expires_at(&rec, ttl);
-                let token = insert(&txn, p, &rec).await?;
-                Reservation {
-                    database_id: self.database_id,
-                    record_key: request.key.clone(),
-                    token,
-                    lease_expires_at: lease_end,
-                    attempt: 1,
-                    takeover: false,
-                    beyond_horizon: beyond,
-                }
-            }
+        txn.query_one(LOCK_STRIPE, &[&stripe(request.key)])
+            .await
+            .map_err(Step::before_commit)?;
+        // What the lock lets this transaction see, read and acted on in one statement: the
+        // new owner's record, inserted only where `decide` acquires (no live record; an
+        // expired one only under `Flag`). Otherwise the shared decision, on the row read.
+        let now = self.clock.now_ms();
+        let lease_end = now.saturating_add(request.lease_ms);
+        let placeholder = FencingToken::new(1).ok_or_else(|| Error::Internal("token 1".into()))?;
+        let mut rec = new_owner(None, request.fingerprint, placeholder, lease_end, now);
+        rec.expires_at = self.rules.expires_at(&rec, ttl);
+        let flag_beyond = self.rules.policy == BeyondHorizonPolicy::Flag;
+        let attempts = i32::try_from(rec.attempts).unwrap_or(i32::MAX);
+        let params: [&(dyn ToSql + Sync); 13] = [
+            &p.operation,
+            &p.principal,
+            &p.key,
+            &state_code(rec.state),
+            &&fingerprint_bytes(rec.fingerprint)[..],
+            &ms(rec.lease_expires_at),
+            &ms(rec.created_at),
+            &ms(rec.updated_at),
+            &ms(rec.expires_at),
+            &attempts,
+            &rec.response,
+            &ms(now),
+            &flag_beyond,
+        ];
+        let row = txn
+            .query_one(CLAIM, &params)
+            .await
+            .map_err(Step::before_commit)?;
+        let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
+        let Some(token) = inserted else {
+            // Not inserted: a newest row exists, live (or expired, refused by the policy).
+            let found = Found::of(Some(&row), now)?;
+            return match decide(found.live, request.fingerprint, now) {
+                Decision::Replay(r) => Ok(Some(r.into())),
+                // Taken over without the lock; the record is live, so no insert races it.
+                Decision::TakeOver(_) => Ok(None),
+                Decision::Acquire => Ok(Some(ReserveOutcome::BeyondHorizon)),
+            };
         };
+        let beyond = row
+            .try_get::<_, Option<i16>>(0)
+            .map_err(Step::before_commit)?
+            .is_some();
+        let token = u64::try_from(token)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))?;
         txn.commit().await.map_err(Step::at_commit)?;
-        Ok(Some(ReserveOutcome::Acquired(outcome)))
+        Ok(Some(ReserveOutcome::Acquired(Reservation {
+            database_id: self.database_id,
+            record_key: request.key.clone(),
+            token,
+            lease_expires_at: lease_end,
+            attempt: rec.attempts,
+            takeover: false,
+            beyond_horizon: beyond,
+        })))
     }
 
     /// Takes over `prev` (an IN_PROGRESS record whose lease ran out): one guarded update.
