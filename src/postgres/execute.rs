@@ -166,13 +166,20 @@ enum Ran<T, E> {
 
 impl PgStore {
     /// Runs `body` once per intent, its writes and the finished record in one PostgreSQL
-    /// transaction; duplicates get the stored outcome.
+    /// transaction; duplicates get the stored outcome. See
+    /// [`IdemDb::execute`](crate::IdemDb::execute) for the outcomes.
+    ///
+    /// A duplicate that arrives while `body` runs waits for its commit (the key's lock
+    /// stripe is held). `body` may run again after a serialization failure or deadlock.
+    /// Write the closure inline in the call (bound to a variable first, it does not get the
+    /// signature the call needs), and move owned copies of what it uses into its future.
     ///
     /// ```no_run
     /// # async fn run(store: &idemdb::PgStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idemdb::{Key, Outcome, PgTx, Scope};
+    /// let (scope, key) = (Scope::new("POST /orders", "u1"), Key::new("k1"));
     /// let outcome = store
-    ///     .execute(&Scope::new("POST /orders", "u1"), &Key::new("k1"), b"req", |tx: &mut PgTx<'_>| {
+    ///     .execute(&scope, &key, b"req", |tx: &mut PgTx<'_>| {
     ///         Box::pin(async move {
     ///             tx.execute("INSERT INTO orders (id) VALUES ('o-1')", &[]).await?;
     ///             Ok::<_, idemdb::tokio_postgres::Error>(Outcome::Completed(b"201".to_vec()))
@@ -180,11 +187,7 @@ impl PgStore {
     ///     })
     ///     .await?;
     /// # Ok(()) }
-    /// ``` See [`IdemDb::execute`](crate::IdemDb::execute)
-    /// for the outcomes.
-    ///
-    /// A duplicate that arrives while `body` runs waits for its commit (the key's lock
-    /// stripe is held). `body` may run again after a serialization failure or deadlock.
+    /// ```
     pub async fn execute<F, E>(
         &self,
         scope: &Scope,
@@ -342,14 +345,15 @@ impl Inner {
                         insert(&txn, &p, &rec).await?;
                     }
                     Some(prev) => {
-                        // The earlier owner's lease ran out; it is fenced from here on.
+                        // The earlier owner's lease ran out (and was not extended since:
+                        // `extend` takes no stripe); it is fenced from here on.
                         let n = txn
                             .execute(
                                 "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
                                  state = $5, response = $6, lease_expires_at = $7, \
                                  updated_at = $7, attempts = attempts + 1, expires_at = $8 \
                                  WHERE operation = $1 AND principal = $2 AND key = $3 \
-                                 AND token = $4 AND state = 1",
+                                 AND token = $4 AND state = 1 AND lease_expires_at <= $7",
                                 &[
                                     &p.operation,
                                     &p.principal,
@@ -364,7 +368,7 @@ impl Inner {
                             .await
                             .map_err(Step::before_commit)?;
                         if n != 1 {
-                            // Its owner finished it meanwhile: decide again.
+                            // Its owner finished or extended it meanwhile: decide again.
                             return Err(moved());
                         }
                     }
