@@ -149,16 +149,16 @@ fn acknowledged_outcomes_survive_a_server_crash_and_no_key_is_acquired_twice() {
 
         // What was acknowledged is there, byte for byte; no key was acquired twice.
         let scope = Scope::new("POST /purchases", "crash");
-        let seen = seen.lock();
-        for (name, times) in &seen.acquired {
-            assert_eq!(*times, 1, "{name} was acquired {times} times");
-        }
-        let completed: Vec<(String, Vec<u8>)> = seen
-            .completed
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        drop(seen);
+        let completed: Vec<(String, Vec<u8>)> = {
+            let seen = seen.lock();
+            for (name, times) in &seen.acquired {
+                assert_eq!(*times, 1, "{name} was acquired {times} times");
+            }
+            seen.completed
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
         for (name, response) in &completed {
             let rec = db
                 .get(&scope, &Key::new(name.as_str()))
