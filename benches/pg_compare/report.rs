@@ -1,0 +1,283 @@
+//! The summary of a run: lifecycles/s and replay latency from criterion's estimates, the
+//! per-lifecycle p99s timed beside them, and the drop-stall measurements; PostgreSQL ÷
+//! embedded in every comparable row. Printed, and written to
+//! `target/bench-results/pg_summary.md` (not in criterion's test mode).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use crate::shared::report::{estimate, fmt_val, quantile, table_row, write_machine};
+use crate::stall::{CALLERS, StallResult};
+use crate::subject::Kind;
+
+/// Distribution of durations, in ns (sorted).
+pub struct Dist(pub Vec<u64>);
+
+impl Dist {
+    pub fn new(mut v: Vec<u64>) -> Dist {
+        v.sort_unstable();
+        Dist(v)
+    }
+
+    pub fn q(&self, q: f64) -> Option<f64> {
+        quantile(&self.0, q)
+    }
+}
+
+/// `"<cell>/<kind>/<name>"` → value, for what criterion does not measure.
+static SIDE: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+
+pub fn record(cell: &str, kind: Kind, name: &str, value: f64) {
+    SIDE.lock()
+        .expect("side data")
+        .insert(format!("{cell}/{}/{name}", kind.id()), value);
+}
+
+fn side(cell: &str, kind: Kind, name: &str) -> Option<f64> {
+    SIDE.lock()
+        .expect("side data")
+        .get(&format!("{cell}/{}/{name}", kind.id()))
+        .copied()
+}
+
+/// Records that `kind` ran in `cell` in this run (so that criterion's estimate is this run's,
+/// not a stale one), and the distribution of its per-operation latencies if any were timed.
+pub fn ran(cell: &str, kind: Kind, latencies: &mut [u64]) {
+    record(cell, kind, "ran", 1.0);
+    if latencies.is_empty() {
+        return;
+    }
+    latencies.sort_unstable();
+    let pick = |q: f64| quantile(latencies, q).expect("not empty");
+    record(cell, kind, "ops_timed", latencies.len() as f64);
+    record(cell, kind, "p50_ns", pick(0.50));
+    record(cell, kind, "p99_ns", pick(0.99));
+    record(cell, kind, "max_ns", pick(1.0));
+    if let Ok(s) = std::fs::read_to_string("/proc/loadavg")
+        && let Some(load) = s.split_whitespace().next().and_then(|l| l.parse().ok())
+    {
+        record(cell, kind, "loadavg_1m_after", load);
+    }
+}
+
+/// Criterion's median ns per iteration of `kind` in `cell`, if it ran in this run (and this
+/// is not criterion's test mode, which measures nothing).
+fn median(cell: &str, kind: Kind, test_mode: bool) -> Option<f64> {
+    if test_mode || side(cell, kind, "ran").is_none() {
+        return None;
+    }
+    Some(estimate(cell, kind.id())?.median)
+}
+
+struct Row {
+    cell: String,
+    metric: String,
+    /// PostgreSQL, embedded.
+    vals: [Option<f64>; 2],
+    digits: usize,
+    ratio: bool,
+}
+
+#[derive(Default)]
+pub struct Summary {
+    rows: Vec<Row>,
+}
+
+impl Summary {
+    fn row(
+        &mut self,
+        cell: &str,
+        metric: impl Into<String>,
+        vals: [Option<f64>; 2],
+        digits: usize,
+    ) {
+        self.rows.push(Row {
+            cell: cell.into(),
+            metric: metric.into(),
+            vals,
+            digits,
+            ratio: true,
+        });
+    }
+
+    fn plain(
+        &mut self,
+        cell: &str,
+        metric: impl Into<String>,
+        vals: [Option<f64>; 2],
+        digits: usize,
+    ) {
+        self.rows.push(Row {
+            cell: cell.into(),
+            metric: metric.into(),
+            vals,
+            digits,
+            ratio: false,
+        });
+    }
+
+    /// The criterion cells' rows.
+    pub fn criterion_rows(&mut self, callers: &[usize], test_mode: bool) {
+        let both = |f: &dyn Fn(Kind) -> Option<f64>| Kind::BOTH.map(f);
+        for &n in callers {
+            let cell = format!("pg_lifecycle_{n}");
+            self.row(
+                &cell,
+                "lifecycles/s ↑",
+                both(&|k| Some(n as f64 * 1e9 / median(&cell, k, test_mode)?)),
+                0,
+            );
+            self.row(
+                &cell,
+                "p99 lifecycle latency, ms ↓",
+                both(&|k| Some(side(&cell, k, "p99_ns")? / 1e6)),
+                2,
+            );
+        }
+        let cell = "pg_replay_1";
+        self.row(
+            cell,
+            "median µs per replay ↓",
+            both(&|k| Some(median(cell, k, test_mode)? / 1e3)),
+            1,
+        );
+    }
+
+    /// The drop-stall rows: `[PostgreSQL, embedded]`.
+    pub fn stall_rows(&mut self, r: &[StallResult; 2]) {
+        let c = "drop_stall";
+        let us = |d: &crate::report::Dist, q: f64| d.q(q).map(|v| v / 1e3);
+        let both = |f: &dyn Fn(&StallResult) -> Option<f64>| [f(&r[0]), f(&r[1])];
+        self.plain(
+            c,
+            "records due (partitions × records each)",
+            both(&|s| Some(s.records as f64)),
+            0,
+        );
+        self.plain(
+            c,
+            "fill, s (PostgreSQL: API + INSERT … SELECT copies; embedded: API)",
+            both(&|s| Some(s.fill_s)),
+            1,
+        );
+        let labels = [
+            "1. load alone (before)",
+            "2. load beside compact_now",
+            "3. load alone (after)",
+        ];
+        for (i, label) in labels.iter().enumerate() {
+            for (q, name) in [(0.5, "p50"), (0.99, "p99"), (1.0, "max")] {
+                self.row(
+                    c,
+                    format!("{label}: reserve {name}, µs ↓"),
+                    both(&|s| us(&s.phases[i], q)),
+                    0,
+                );
+            }
+            self.plain(
+                c,
+                format!("{label}: reserves timed"),
+                both(&|s| Some(s.phases[i].0.len() as f64)),
+                0,
+            );
+            self.row(
+                c,
+                format!("{label}: lifecycles/s ↑"),
+                both(&|s| Some(s.lifecycles_per_s[i])),
+                0,
+            );
+        }
+        self.plain(
+            c,
+            "2. reserves overlapping the compact_now call",
+            both(&|s| Some(s.overlapping.0.len() as f64)),
+            0,
+        );
+        self.row(
+            c,
+            "… their reserve p50, µs ↓",
+            both(&|s| us(&s.overlapping, 0.5)),
+            0,
+        );
+        self.row(
+            c,
+            "… their reserve p99, µs ↓",
+            both(&|s| us(&s.overlapping, 0.99)),
+            0,
+        );
+        self.row(
+            c,
+            "… their reserve max, µs ↓",
+            both(&|s| us(&s.overlapping, 1.0)),
+            0,
+        );
+        self.row(
+            c,
+            "compact_now total, ms ↓",
+            both(&|s| Some(s.compacted.took.as_secs_f64() * 1e3)),
+            1,
+        );
+        self.plain(
+            c,
+            "… longest detach + drop of one partition, ms",
+            both(&|s| Some(s.compacted.longest_drop?.as_secs_f64() * 1e3)),
+            1,
+        );
+        self.plain(
+            c,
+            "… partitions dropped (checked: none due left; PostgreSQL: gone from pg_class)",
+            both(&|s| Some(s.compacted.partitions_dropped as f64)),
+            0,
+        );
+        self.plain(
+            c,
+            "… partitions created ahead",
+            both(&|s| Some(s.compacted.partitions_created? as f64)),
+            0,
+        );
+    }
+
+    pub fn markdown(&self, machine: &[(String, String)]) -> String {
+        let mut md = String::new();
+        write_machine(&mut md, machine);
+        table_row(
+            &mut md,
+            &[
+                "cell",
+                "metric (↑ higher is better, ↓ lower)",
+                "PostgreSQL",
+                "embedded",
+                "PG ÷ embedded",
+            ],
+        );
+        let _ = writeln!(md, "|---|---|--:|--:|--:|");
+        for r in &self.rows {
+            let [a, b] = r.vals.map(|v| fmt_val(v, r.digits));
+            let ratio = match (r.ratio, r.vals) {
+                (true, [Some(x), Some(y)]) if y > 0.0 => fmt_ratio(x / y),
+                _ => "–".into(),
+            };
+            table_row(&mut md, &[r.cell.as_str(), &r.metric, &a, &b, &ratio]);
+        }
+        let _ = writeln!(
+            md,
+            "\nCallers are OS threads driving the async `Store` calls with `Handle::block_on` on \
+             one multi-thread tokio runtime (2 workers), for both stores; the drop-stall load \
+             has {CALLERS} callers."
+        );
+        md
+    }
+}
+
+fn fmt_ratio(r: f64) -> String {
+    if r >= 100.0 {
+        format!("{r:.0}×")
+    } else if r >= 10.0 {
+        format!("{r:.1}×")
+    } else if r >= 0.01 {
+        format!("{r:.2}×")
+    } else {
+        format!("{r:.4}×")
+    }
+}
