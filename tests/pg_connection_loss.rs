@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::stores::{fresh_database_url, runtime};
@@ -35,10 +35,15 @@ struct Proxy {
     port: u16,
     cut: Arc<AtomicU8>,
     tripped: Arc<AtomicBool>,
+    /// Notified once the cut connection's server side is done with what it was sent.
+    settled: Arc<tokio::sync::Notify>,
 }
 
 /// The simple-protocol message tokio-postgres sends to commit.
 const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// A Sync message, and the ReadyForQuery that answers each (status byte follows).
+const SYNC: &[u8] = b"S\0\0\0\x04";
+const READY: &[u8] = b"Z\0\0\0\x05";
 /// The reservation's insert, as its Parse message carries it.
 const INSERT: &[u8] = b"INSERT INTO idemdb_records";
 
@@ -48,14 +53,33 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicU8::new(Cut::Off as u8));
         let tripped = Arc::new(AtomicBool::new(false));
-        let (c, t) = (Arc::clone(&cut), Arc::clone(&tripped));
+        let settled = Arc::new(tokio::sync::Notify::new());
+        let (c, t, d) = (Arc::clone(&cut), Arc::clone(&tripped), Arc::clone(&settled));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let server = TcpStream::connect(("127.0.0.1", upstream)).await.unwrap();
-                tokio::spawn(pipe(client, server, Arc::clone(&c), Arc::clone(&t)));
+                let trap = (Arc::clone(&c), Arc::clone(&t), Arc::clone(&d));
+                tokio::spawn(pipe(client, server, trap));
             }
         });
-        Proxy { port, cut, tripped }
+        Proxy {
+            port,
+            cut,
+            tripped,
+            settled,
+        }
+    }
+
+    /// Waits until the server has finished what the cut connection sent it: only then does
+    /// a read show what committed (the caller was answered at the cut, before that).
+    async fn settled(&self) {
+        assert!(
+            self.tripped.load(Ordering::SeqCst),
+            "the cut never happened"
+        );
+        tokio::time::timeout(Duration::from_secs(20), self.settled.notified())
+            .await
+            .expect("the server never finished the cut request");
     }
 
     fn arm(&self, cut: Cut) {
@@ -64,25 +88,43 @@ impl Proxy {
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>, tripped: Arc<AtomicBool>) {
+/// The trap: where to cut, whether it was cut, and who waits for the server to be done.
+type Trap = (Arc<AtomicU8>, Arc<AtomicBool>, Arc<tokio::sync::Notify>);
+
+async fn pipe(client: TcpStream, server: TcpStream, (cut, tripped, settled): Trap) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
-    // Set once the client must hear nothing more.
+    // Set once the client must hear nothing more; `done` once the server, unheard, has
+    // finished what it was sent (ReadyForQuery, idle: committed or rolled back).
     let deaf = Arc::new(AtomicBool::new(false));
-    let deaf_down = Arc::clone(&deaf);
+    let done = Arc::new(tokio::sync::Notify::new());
+    // Syncs sent unheard: the server is done when it has answered each with ReadyForQuery
+    // (a Close and its Sync may ride ahead of the request itself).
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let (deaf_down, done_down, syncs_down) =
+        (Arc::clone(&deaf), Arc::clone(&done), Arc::clone(&syncs));
     let down = tokio::spawn(async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut unheard = Vec::new();
         loop {
             let n = match server_read.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if deaf_down.load(Ordering::SeqCst) || client_write.write_all(&buf[..n]).await.is_err()
-            {
+            if deaf_down.load(Ordering::SeqCst) {
+                let _ = client_write.shutdown().await;
+                unheard.extend_from_slice(&buf[..n]);
+                let ready = unheard.windows(READY.len()).filter(|w| *w == READY).count();
+                if ready >= syncs_down.load(Ordering::SeqCst) {
+                    done_down.notify_one();
+                    return;
+                }
+            } else if client_write.write_all(&buf[..n]).await.is_err() {
                 break;
             }
         }
         let _ = client_write.shutdown().await;
+        done_down.notify_one();
     });
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -108,11 +150,32 @@ async fn pipe(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>, tripped:
             tripped.store(true, Ordering::SeqCst);
             deaf.store(true, Ordering::SeqCst);
             if forward {
-                // The server gets the whole message and answers into the void.
+                // The server gets the whole request (what follows the trapped chunk too,
+                // e.g. a Sync split off) and finishes it, answering into the void.
+                syncs.fetch_add(count(chunk, SYNC), Ordering::SeqCst);
                 let _ = server_write.write_all(chunk).await;
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                let finished = done.notified();
+                tokio::pin!(finished);
+                let mut client_open = true;
+                while client_open {
+                    tokio::select! {
+                        _ = &mut finished => break,
+                        read = client_read.read(&mut buf) => match read {
+                            Ok(n) if n > 0 => {
+                                syncs.fetch_add(count(&buf[..n], SYNC), Ordering::SeqCst);
+                                let _ = server_write.write_all(&buf[..n]).await;
+                            }
+                            // The client saw the cut and hung up: the server goes on.
+                            _ => client_open = false,
+                        },
+                    }
+                }
+                if !client_open {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), finished).await;
+                }
             }
             down.abort();
+            settled.notify_one();
             return;
         }
         if server_write.write_all(chunk).await.is_err() {
@@ -134,6 +197,12 @@ fn has_message(chunk: &[u8], kind: u8) -> bool {
         at += 1 + len;
     }
     false
+}
+
+fn count(data: &[u8], pattern: &[u8]) -> usize {
+    data.windows(pattern.len())
+        .filter(|w| *w == pattern)
+        .count()
 }
 
 fn port_of(url: &str) -> u16 {
@@ -175,10 +244,7 @@ fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
         proxy.arm(Cut::AfterCommit);
         let key = Key::new("k1");
         let result = through.reserve(&scope(), &key, b"req", LEASE).await;
-        assert!(
-            proxy.tripped.load(Ordering::SeqCst),
-            "the cut never happened"
-        );
+        proxy.settled().await;
         match result {
             Err(e @ Error::OutcomeUnknown(_)) => assert!(e.is_outcome_unknown()),
             other => panic!("expected OutcomeUnknown, got {other:?}"),
@@ -208,10 +274,7 @@ fn a_connection_lost_before_commit_is_an_error_and_nothing_is_committed() {
         proxy.arm(Cut::BeforeInsert);
         let key = Key::new("k1");
         let result = through.reserve(&scope(), &key, b"req", LEASE).await;
-        assert!(
-            proxy.tripped.load(Ordering::SeqCst),
-            "the cut never happened"
-        );
+        proxy.settled().await;
         match result {
             Err(e @ Error::Database(_)) => assert!(!e.is_outcome_unknown()),
             other => panic!("expected a plain database error, got {other:?}"),
@@ -230,10 +293,7 @@ fn a_commit_sent_but_never_received_is_still_outcome_unknown() {
         proxy.arm(Cut::BeforeCommit);
         let key = Key::new("k1");
         let result = through.reserve(&scope(), &key, b"req", LEASE).await;
-        assert!(
-            proxy.tripped.load(Ordering::SeqCst),
-            "the cut never happened"
-        );
+        proxy.settled().await;
         assert!(
             matches!(result, Err(Error::OutcomeUnknown(_))),
             "{result:?}"
@@ -272,10 +332,7 @@ fn an_autocommit_complete_cut_after_it_was_sent_is_outcome_unknown_and_did_commi
         );
         proxy.arm(Cut::AfterBind);
         let result = through.complete(&r, b"the answer".to_vec()).await;
-        assert!(
-            proxy.tripped.load(Ordering::SeqCst),
-            "the cut never happened"
-        );
+        proxy.settled().await;
         assert!(
             matches!(result, Err(Error::OutcomeUnknown(_))),
             "{result:?}"

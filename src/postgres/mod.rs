@@ -61,6 +61,7 @@ pub struct PgStoreBuilder {
     limits: Limits,
     clock: Arc<dyn Clock>,
     wait_poll: Duration,
+    pool_wait: Duration,
 }
 
 impl PgStore {
@@ -75,6 +76,7 @@ impl PgStore {
             limits: Limits::default(),
             clock: Arc::new(SystemClock),
             wait_poll: Duration::from_secs(1),
+            pool_wait: Duration::from_secs(30),
         })
     }
 }
@@ -84,6 +86,14 @@ impl PgStoreBuilder {
     /// `execute` and `complete_with` hold one while their closure runs.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long a call waits for a pooled connection before it fails with
+    /// [`Error::Database`] (default 30 s), so that an exhausted pool (or an unreachable
+    /// server) answers instead of hanging.
+    pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_wait = timeout;
         self
     }
 
@@ -147,6 +157,8 @@ impl PgStoreBuilder {
         );
         let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(self.pool_size)
+            .wait_timeout(Some(self.pool_wait))
+            .create_timeout(Some(self.pool_wait))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| Error::Database(Arc::new(e)))?;

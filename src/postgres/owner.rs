@@ -16,17 +16,19 @@ use crate::ops::lease_ms;
 use crate::record::RecordState;
 use crate::token::Reservation;
 
-/// Finishes a record; notifies its waiters at commit.
+/// Finishes a record; notifies at commit if a duplicate announced it waits (a notification
+/// takes a cluster-wide lock through the commit's flush: commits that notify go one at a
+/// time, so only those that wake someone do).
 pub(crate) const FINISH: &str = "WITH done AS (UPDATE idemdb_records SET state = $5, \
      response = $6, updated_at = $7, expires_at = $8 \
      WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND expires_at > $7 RETURNING token) \
-     SELECT pg_notify($9, $10)::text FROM done";
+     AND expires_at > $7 RETURNING waiters) \
+     SELECT CASE WHEN waiters > 0 THEN pg_notify($9, $10)::text END FROM done";
 
 const RELEASE: &str = "WITH gone AS (DELETE FROM idemdb_records \
      WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND expires_at > $5 RETURNING token) \
-     SELECT pg_notify($6, $7)::text FROM gone";
+     AND expires_at > $5 RETURNING waiters) \
+     SELECT CASE WHEN waiters > 0 THEN pg_notify($6, $7)::text END FROM gone";
 
 const EXTEND: &str = "UPDATE idemdb_records SET lease_expires_at = $5, updated_at = $6, \
      expires_at = $7 \

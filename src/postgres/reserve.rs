@@ -32,6 +32,13 @@ const TAKE_OVER: &str = "UPDATE idemdb_records SET token = nextval('idemdb_token
      WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
      AND lease_expires_at <= $6 AND expires_at > $6 RETURNING token";
 
+/// A waiting duplicate's announcement to the live IN_PROGRESS record of its key ($5: the
+/// owner's token already told, if any; the record is left alone for it).
+const ANNOUNCE: &str = "UPDATE idemdb_records SET waiters = waiters + 1 \
+     WHERE operation = $1 AND principal = $2 AND key = $3 AND state = 1 \
+     AND lease_expires_at > $4 AND expires_at > $4 \
+     AND token IS DISTINCT FROM $5::bigint RETURNING token";
+
 /// A new record, IN_PROGRESS (or finished, for `execute`).
 pub(crate) const INSERT: &str = "INSERT INTO idemdb_records (operation, principal, key, \
      state, fingerprint, token, lease_expires_at, created_at, updated_at, expires_at, \
@@ -126,6 +133,8 @@ impl Inner {
         let request = self.request(&key, payload, lease)?;
         let deadline = Instant::now().checked_add(timeout);
         let waiter = self.waits.register(&key);
+        // The owner's token this waiter announced itself to, once it has.
+        let mut announced = None;
         loop {
             // Armed before the look: a notification between the look and the wait counts.
             let notified = waiter.notify.notified();
@@ -139,12 +148,43 @@ impl Inner {
             if deadline.is_some_and(|d| d <= now) {
                 return Ok(outcome);
             }
+            match self.announce_waiter(&request, announced).await {
+                // The record changed since the look: look again at once.
+                Ok(None) => continue,
+                Ok(Some(token)) => announced = Some(token),
+                // Unannounced, the wait still ends by the poll below.
+                Err(_) => {}
+            }
             // The owner's notification, its lease's end, the timeout or the fallback poll.
             let mut until = now + retry_after.min(self.wait_poll);
             if let Some(d) = deadline {
                 until = until.min(d);
             }
             let _ = tokio::time::timeout_at(until, notified).await;
+        }
+    }
+
+    /// Tells the owner of the key's live IN_PROGRESS record that a duplicate waits, so that
+    /// its finish or release notifies (once per owner: `announced` is the token already
+    /// told). The owner's token, or `None` if there is no such record any more.
+    async fn announce_waiter(
+        &self,
+        request: &Request<'_>,
+        announced: Option<i64>,
+    ) -> Result<Option<i64>, Error> {
+        let p = &request.parts;
+        let client = self.pool.get().await.map_err(pool)?;
+        let now = ms(self.clock.now_ms());
+        let stmt = client.prepare_cached(ANNOUNCE).await.map_err(database)?;
+        let row = client
+            .query_opt(&stmt, &[&p.operation, &p.principal, &p.key, &now, &announced])
+            .await
+            .map_err(database)?;
+        match row {
+            Some(row) => Ok(Some(row.try_get(0).map_err(database)?)),
+            // Announced already to this owner, or the record changed.
+            None if announced.is_some() => Ok(announced),
+            None => Ok(None),
         }
     }
 

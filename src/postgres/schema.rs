@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS idemdb_records (
     updated_at bigint NOT NULL,
     expires_at bigint NOT NULL,
     attempts int NOT NULL,
-    response bytea NOT NULL
+    response bytea NOT NULL,
+    waiters int NOT NULL DEFAULT 0
 ) PARTITION BY RANGE (expires_at);
 CREATE INDEX IF NOT EXISTS idemdb_records_key
     ON idemdb_records (operation, principal, key, expires_at DESC);
