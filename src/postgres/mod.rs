@@ -72,7 +72,10 @@ impl PgStore {
         Ok(PgStoreBuilder {
             config,
             pool_size: 16,
-            retention: Retention::default(),
+            // Every read of a key probes each partition's index (the partition key is not
+            // the record key), so fewer, wider partitions than the embedded default.
+            retention: Retention::default()
+                .partition_width(PgStoreBuilder::DEFAULT_PARTITION_WIDTH),
             limits: Limits::default(),
             clock: Arc::new(SystemClock),
             wait_poll: Duration::from_secs(1),
@@ -82,6 +85,10 @@ impl PgStore {
 }
 
 impl PgStoreBuilder {
+    /// The partition width of a store built without [`retention`](Self::retention): a
+    /// quarter of the default 24 h TTL, so that about six partitions hold the live records.
+    pub const DEFAULT_PARTITION_WIDTH: Duration = Duration::from_secs(6 * 3600);
+
     /// Connections in the pool (default 16). Each operation holds one for its statements;
     /// `execute` and `complete_with` hold one while their closure runs.
     pub fn pool_size(mut self, size: usize) -> Self {
@@ -99,7 +106,10 @@ impl PgStoreBuilder {
 
     /// Retention: TTL per operation, partition width, beyond-horizon policy and the
     /// compactor's interval (see docs/semantics.md for what differs from the embedded
-    /// engine). Keep the partition width the same for a database.
+    /// engine). Keep the partition width the same for a database. Every read of a key
+    /// probes each live partition, so choose a width near a quarter of the longest TTL
+    /// (the default without this call is
+    /// [`DEFAULT_PARTITION_WIDTH`](Self::DEFAULT_PARTITION_WIDTH), 6 h).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
         self

@@ -177,7 +177,10 @@ impl Inner {
         let now = ms(self.clock.now_ms());
         let stmt = client.prepare_cached(ANNOUNCE).await.map_err(database)?;
         let row = client
-            .query_opt(&stmt, &[&p.operation, &p.principal, &p.key, &now, &announced])
+            .query_opt(
+                &stmt,
+                &[&p.operation, &p.principal, &p.key, &now, &announced],
+            )
             .await
             .map_err(database)?;
         match row {
