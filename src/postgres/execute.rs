@@ -18,7 +18,7 @@ use tokio_postgres::{Row, ToStatement};
 
 use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, pool};
 use super::owner::FINISH;
-use super::reserve::{PARTITION_SLACK_MS, insert};
+use super::reserve::{PARTITION_SLACK_MS, insert, prepared};
 use super::rows::{Found, KeyParts, NEWEST, ms, state_code, token_value};
 use super::wait::{CHANNEL, payload};
 use super::{Inner, PgStore};
@@ -267,6 +267,13 @@ impl PgStore {
 const OWNED: &str = "SELECT token FROM idemdb_records WHERE operation = $1 AND principal = $2 \
      AND key = $3 AND token = $4 AND state = 1 AND expires_at > $5 FOR UPDATE";
 
+/// `execute`'s takeover: the record finished under a new token, if its earlier owner's lease
+/// is still over (an owner's `extend` takes no stripe).
+const TAKE_OVER_FINISHED: &str = "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
+     state = $5, response = $6, lease_expires_at = $7, updated_at = $7, \
+     attempts = attempts + 1, expires_at = $8 WHERE operation = $1 AND principal = $2 \
+     AND key = $3 AND token = $4 AND state = 1 AND lease_expires_at <= $7";
+
 /// A watched statement of the closure lost a conflict: the transaction runs again.
 fn conflict() -> Step {
     Step::Retry(Error::Internal(
@@ -349,11 +356,7 @@ impl Inner {
                         // `extend` takes no stripe); it is fenced from here on.
                         let n = txn
                             .execute(
-                                "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
-                                 state = $5, response = $6, lease_expires_at = $7, \
-                                 updated_at = $7, attempts = attempts + 1, expires_at = $8 \
-                                 WHERE operation = $1 AND principal = $2 AND key = $3 \
-                                 AND token = $4 AND state = 1 AND lease_expires_at <= $7",
+                                &prepared(&txn, TAKE_OVER_FINISHED).await?,
                                 &[
                                     &p.operation,
                                     &p.principal,
@@ -422,7 +425,7 @@ impl Inner {
                 // Owned, and locked: no takeover can slip in while the closure runs.
                 let owned = txn
                     .query_opt(
-                        OWNED,
+                        &prepared(&txn, OWNED).await?,
                         &[
                             &p.operation,
                             &p.principal,
@@ -435,7 +438,10 @@ impl Inner {
                     .map_err(Step::before_commit)?;
                 if owned.is_none() {
                     let row = txn
-                        .query_opt(NEWEST, &[&p.operation, &p.principal, &p.key])
+                        .query_opt(
+                            &prepared(&txn, NEWEST).await?,
+                            &[&p.operation, &p.principal, &p.key],
+                        )
                         .await
                         .map_err(Step::before_commit)?;
                     let live = Found::of(row.as_ref(), now)?.live;
@@ -453,7 +459,7 @@ impl Inner {
                 // where a bare COMMIT would roll back and report nothing.
                 let finished = txn
                     .query(
-                        FINISH,
+                        &prepared(&txn, FINISH).await?,
                         &[
                             &p.operation,
                             &p.principal,

@@ -94,16 +94,19 @@ impl Inner {
     /// transaction ends.
     pub(crate) async fn locked_look(
         &self,
-        txn: &tokio_postgres::Transaction<'_>,
+        txn: &deadpool_postgres::Transaction<'_>,
         key: &RecordKey,
         p: &KeyParts<'_>,
     ) -> Result<(Found, u64), Step> {
-        txn.query_one(LOCK_STRIPE, &[&stripe(key)])
+        txn.query_one(&prepared(txn, LOCK_STRIPE).await?, &[&stripe(key)])
             .await
             .map_err(Step::before_commit)?;
         let now = self.clock.now_ms();
         let row = txn
-            .query_opt(NEWEST, &[&p.operation, &p.principal, &p.key])
+            .query_opt(
+                &prepared(txn, NEWEST).await?,
+                &[&p.operation, &p.principal, &p.key],
+            )
             .await
             .map_err(Step::before_commit)?;
         Ok((Found::of(row.as_ref(), now)?, now))
@@ -254,7 +257,7 @@ impl Inner {
             .await
             .map_err(Step::before_commit)?;
         let txn = client.transaction().await.map_err(Step::before_commit)?;
-        txn.query_one(LOCK_STRIPE, &[&stripe(request.key)])
+        txn.query_one(&prepared(&txn, LOCK_STRIPE).await?, &[&stripe(request.key)])
             .await
             .map_err(Step::before_commit)?;
         // What the lock lets this transaction see, read and acted on in one statement: the
@@ -283,7 +286,7 @@ impl Inner {
             &flag_beyond,
         ];
         let row = txn
-            .query_one(CLAIM, &params)
+            .query_one(&prepared(&txn, CLAIM).await?, &params)
             .await
             .map_err(Step::before_commit)?;
         let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
@@ -371,14 +374,14 @@ impl Inner {
 
 /// Inserts `rec` (its token is the sequence's next); the token it got.
 pub(crate) async fn insert(
-    txn: &tokio_postgres::Transaction<'_>,
+    txn: &deadpool_postgres::Transaction<'_>,
     p: &KeyParts<'_>,
     rec: &Record,
 ) -> Result<FencingToken, Step> {
     let attempts = i32::try_from(rec.attempts).unwrap_or(i32::MAX);
     let row = txn
         .query_one(
-            INSERT,
+            &prepared(txn, INSERT).await?,
             &[
                 &p.operation,
                 &p.principal,
@@ -404,6 +407,15 @@ pub(crate) fn token_of(row: &tokio_postgres::Row) -> Result<FencingToken, Error>
         .ok()
         .and_then(FencingToken::new)
         .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))
+}
+
+/// `sql` prepared on the transaction's connection, once per connection: a statement given
+/// as text would cost a round trip to prepare it every time.
+pub(crate) async fn prepared(
+    txn: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+) -> Result<tokio_postgres::Statement, Step> {
+    txn.prepare_cached(sql).await.map_err(Step::before_commit)
 }
 
 /// The lock stripe of a key.
