@@ -20,6 +20,9 @@
 //! - Every outcome returned is durable. Writes from concurrent callers share fsyncs (group
 //!   commit).
 //!
+//! - Feature `postgres`: [`PgStore`] gives the same semantics to instances that share one
+//!   PostgreSQL database; the [`Store`] trait, the HTTP layer and [`Typed`] take either store.
+//!
 //! See `docs/semantics.md` for every state × operation and `docs/design.md` for the layout.
 
 #![forbid(unsafe_code)]

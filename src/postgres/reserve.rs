@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use super::errors::{MAX_ATTEMPTS, Step, after_commit, backoff, database, pool};
-use super::rows::{Found, KeyParts, NEWEST, fingerprint_bytes, ms, state_code, token_value};
+use super::rows::{Found, KeyParts, NEWEST, RowValues, ms, token_value};
 use crate::decide::{Decision, decide, new_owner};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
@@ -269,22 +269,10 @@ impl Inner {
         let mut rec = new_owner(None, request.fingerprint, placeholder, lease_end, now);
         rec.expires_at = self.rules.expires_at(&rec, ttl);
         let flag_beyond = self.rules.policy == BeyondHorizonPolicy::Flag;
-        let attempts = i32::try_from(rec.attempts).unwrap_or(i32::MAX);
-        let params: [&(dyn ToSql + Sync); 13] = [
-            &p.operation,
-            &p.principal,
-            &p.key,
-            &state_code(rec.state),
-            &&fingerprint_bytes(rec.fingerprint)[..],
-            &ms(rec.lease_expires_at),
-            &ms(rec.created_at),
-            &ms(rec.updated_at),
-            &ms(rec.expires_at),
-            &attempts,
-            &rec.response,
-            &ms(now),
-            &flag_beyond,
-        ];
+        let values = RowValues::of(&rec);
+        let now_v = ms(now);
+        let mut params = values.params(p);
+        params.extend([&now_v as &(dyn ToSql + Sync), &flag_beyond]);
         let row = txn
             .query_one(&prepared(&txn, CLAIM).await?, &params)
             .await
@@ -378,24 +366,9 @@ pub(crate) async fn insert(
     p: &KeyParts<'_>,
     rec: &Record,
 ) -> Result<FencingToken, Step> {
-    let attempts = i32::try_from(rec.attempts).unwrap_or(i32::MAX);
+    let values = RowValues::of(rec);
     let row = txn
-        .query_one(
-            &prepared(txn, INSERT).await?,
-            &[
-                &p.operation,
-                &p.principal,
-                &p.key,
-                &state_code(rec.state),
-                &&fingerprint_bytes(rec.fingerprint)[..],
-                &ms(rec.lease_expires_at),
-                &ms(rec.created_at),
-                &ms(rec.updated_at),
-                &ms(rec.expires_at),
-                &attempts,
-                &rec.response,
-            ],
-        )
+        .query_one(&prepared(txn, INSERT).await?, &values.params(p))
         .await
         .map_err(Step::before_commit)?;
     Ok(token_of(&row)?)

@@ -2,6 +2,7 @@
 //! unsigned milliseconds and PostgreSQL's `bigint`.
 
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -70,6 +71,50 @@ pub(crate) fn record(row: &Row) -> Result<Record, Error> {
         attempts: u32::try_from(attempts).map_err(|_| corrupt("attempts"))?,
         response: row.try_get(8).map_err(|_| corrupt("response"))?,
     })
+}
+
+/// A record's columns as statement parameters `$1`–`$11`, in `INSERT`'s order: the key's
+/// three parts, state, fingerprint, lease end, created, updated, expires, attempts, response.
+pub(crate) struct RowValues<'r> {
+    state: i16,
+    fingerprint: Vec<u8>,
+    times: [i64; 4],
+    attempts: i32,
+    response: &'r Vec<u8>,
+}
+
+impl<'r> RowValues<'r> {
+    pub(crate) fn of(rec: &'r Record) -> Self {
+        RowValues {
+            state: state_code(rec.state),
+            fingerprint: fingerprint_bytes(rec.fingerprint).to_vec(),
+            times: [
+                ms(rec.lease_expires_at),
+                ms(rec.created_at),
+                ms(rec.updated_at),
+                ms(rec.expires_at),
+            ],
+            attempts: i32::try_from(rec.attempts).unwrap_or(i32::MAX),
+            response: &rec.response,
+        }
+    }
+
+    pub(crate) fn params<'a>(&'a self, p: &'a KeyParts<'_>) -> Vec<&'a (dyn ToSql + Sync)> {
+        let [lease, created, updated, expires] = &self.times;
+        vec![
+            &p.operation,
+            &p.principal,
+            &p.key,
+            &self.state,
+            &self.fingerprint,
+            lease,
+            created,
+            updated,
+            expires,
+            &self.attempts,
+            self.response,
+        ]
+    }
 }
 
 pub(crate) fn fingerprint_bytes(fp: Fingerprint) -> [u8; 16] {
