@@ -86,7 +86,7 @@ pub use guard::{Guarded, Upserted, Versioned};
 pub use inbox::Consumed;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgCompaction, PgFuture, PgStore, PgStoreBuilder, PgTx};
+pub use postgres::{PgCompaction, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx};
 pub use record::{Record, RecordState};
 pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};

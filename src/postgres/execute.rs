@@ -20,6 +20,7 @@ use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, pool};
 use super::owner::FINISH;
 use super::reserve::{PARTITION_SLACK_MS, insert, prepared};
 use super::rows::{Found, KeyParts, NEWEST, ms, state_code, token_value};
+use super::stats::Owned;
 use super::wait::{CHANNEL, payload};
 use super::{Inner, PgStore};
 use crate::decide::{Decision, check_owner, decide, new_owner};
@@ -202,7 +203,9 @@ impl PgStore {
         let inner = &self.inner;
         let key = RecordKey::encode(scope, key, &inner.limits)?;
         let fingerprint = inner.fingerprinter.resolve(payload.into());
-        inner.execute_encoded(&key, fingerprint, body).await
+        let result = inner.execute_encoded(&key, fingerprint, body).await;
+        inner.counters.executed(&result);
+        result
     }
 
     /// Finishes the reservation with success and runs `body` in the same transaction: the
@@ -219,9 +222,12 @@ impl PgStore {
         E: Send + 'static,
     {
         let state = RecordState::Completed;
-        self.inner
+        let result = self
+            .inner
             .finish_with(reservation, state, response.into(), body)
-            .await
+            .await;
+        self.count_owned(&result);
+        result
     }
 
     /// [`complete_with`](Self::complete_with) for a deterministic failure: FAILED.
@@ -236,9 +242,12 @@ impl PgStore {
         E: Send + 'static,
     {
         let state = RecordState::Failed;
-        self.inner
+        let result = self
+            .inner
             .finish_with(reservation, state, response.into(), body)
-            .await
+            .await;
+        self.count_owned(&result);
+        result
     }
 
     /// Inbox dedupe: runs `handler` once per `message_id` of `consumer`, its writes
@@ -266,6 +275,17 @@ impl PgStore {
 /// The record the reservation owns, locked for the transaction.
 const OWNED: &str = "SELECT token FROM idemdb_records WHERE operation = $1 AND principal = $2 \
      AND key = $3 AND token = $4 AND state = 1 AND expires_at > $5 FOR UPDATE";
+
+impl PgStore {
+    fn count_owned<E>(&self, result: &Result<(), ExecuteError<E>>) {
+        let seen = match result {
+            Ok(()) => Ok(()),
+            Err(ExecuteError::Db(e)) => Err(e),
+            Err(ExecuteError::Closure(_)) => return,
+        };
+        self.inner.counters.owned(seen, Owned::Finished);
+    }
+}
 
 /// `execute`'s takeover: the record finished under a new token, if its earlier owner's lease
 /// is still over (an owner's `extend` takes no stripe).
@@ -377,6 +397,7 @@ impl Inner {
                     }
                 }
                 txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.executed_as(previous.is_some(), beyond);
                 Ok(Ran::Answer(ExecuteOutcome::Executed(outcome)))
             }
             .await;
@@ -385,6 +406,7 @@ impl Inner {
                 Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
                 Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
@@ -489,6 +511,7 @@ impl Inner {
                 Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
                 Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),

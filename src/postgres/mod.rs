@@ -17,6 +17,7 @@ mod partitions;
 mod reserve;
 mod rows;
 mod schema;
+mod stats;
 mod wait;
 
 use std::future::Future;
@@ -27,6 +28,7 @@ use tokio::task::JoinHandle;
 
 pub use execute::{PgFuture, PgTx};
 pub use partitions::PgCompaction;
+pub use stats::PgStats;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Limits;
@@ -41,6 +43,7 @@ use crate::store::Store;
 use crate::token::Reservation;
 use errors::database;
 use partitions::Partitions;
+use stats::Owned;
 use wait::Waits;
 
 /// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
@@ -188,6 +191,7 @@ impl PgStoreBuilder {
             clock: self.clock,
             waits: Arc::new(Waits::default()),
             wait_poll: self.wait_poll,
+            counters: stats::Counters::default(),
         });
         let mut tasks = vec![tokio::spawn(wait::listen(
             self.config,
@@ -231,6 +235,7 @@ pub(crate) struct Inner {
     partitions: Partitions,
     waits: Arc<Waits>,
     wait_poll: Duration,
+    counters: stats::Counters,
 }
 
 impl PgStore {
@@ -239,6 +244,11 @@ impl PgStore {
     /// `compact_interval`.
     pub async fn compact_now(&self) -> Result<PgCompaction, Error> {
         self.inner.compact().await
+    }
+
+    /// What this instance's callers were told since connect, and its pool now.
+    pub fn stats(&self) -> PgStats {
+        self.inner.counters.snapshot(&self.inner.pool)
     }
 
     /// The connection pool, for the service's own statements outside idemdb's transactions.
@@ -284,6 +294,19 @@ async fn compactor(inner: Weak<Inner>, every: Duration) {
     }
 }
 
+impl PgStore {
+    /// `call`, counted as an owner's call that does `done`.
+    async fn counted(
+        &self,
+        call: impl Future<Output = Result<(), Error>> + Send,
+        done: Owned,
+    ) -> Result<(), Error> {
+        let result = call.await;
+        self.inner.counters.owned(result.as_ref().map(|_| ()), done);
+        result
+    }
+}
+
 impl Store for PgStore {
     fn limits(&self) -> &Limits {
         &self.inner.limits
@@ -304,7 +327,12 @@ impl Store for PgStore {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
     ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
-        self.inner.reserve(scope, key, payload.into(), lease)
+        let reserved = self.inner.reserve(scope, key, payload.into(), lease);
+        async move {
+            let result = reserved.await;
+            self.inner.counters.reserved(&result);
+            result
+        }
     }
 
     fn reserve_or_wait<'p>(
@@ -315,8 +343,14 @@ impl Store for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
-        self.inner
-            .reserve_or_wait(scope, key, payload.into(), lease, timeout)
+        let reserved = self
+            .inner
+            .reserve_or_wait(scope, key, payload.into(), lease, timeout);
+        async move {
+            let result = reserved.await;
+            self.inner.counters.reserved(&result);
+            result
+        }
     }
 
     fn complete(
@@ -324,10 +358,10 @@ impl Store for PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> impl Future<Output = Result<(), Error>> + Send {
-        self.inner.finish(
-            reservation,
-            crate::record::RecordState::Completed,
-            response.into(),
+        let state = crate::record::RecordState::Completed;
+        self.counted(
+            self.inner.finish(reservation, state, response.into()),
+            Owned::Finished,
         )
     }
 
@@ -336,15 +370,15 @@ impl Store for PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> impl Future<Output = Result<(), Error>> + Send {
-        self.inner.finish(
-            reservation,
-            crate::record::RecordState::Failed,
-            response.into(),
+        let state = crate::record::RecordState::Failed;
+        self.counted(
+            self.inner.finish(reservation, state, response.into()),
+            Owned::Finished,
         )
     }
 
     fn release(&self, reservation: &Reservation) -> impl Future<Output = Result<(), Error>> + Send {
-        self.inner.release(reservation)
+        self.counted(self.inner.release(reservation), Owned::Released)
     }
 
     fn extend(
@@ -352,7 +386,7 @@ impl Store for PgStore {
         reservation: &mut Reservation,
         lease: Duration,
     ) -> impl Future<Output = Result<(), Error>> + Send {
-        self.inner.extend(reservation, lease)
+        self.counted(self.inner.extend(reservation, lease), Owned::Extended)
     }
 
     fn get(

@@ -109,7 +109,7 @@ impl Inner {
                     match check_owner(live, reservation.token) {
                         Err(e) => return Err(e),
                         // Owned after all: the record moved between the two statements.
-                        Ok(_) if attempt < MAX_ATTEMPTS => {}
+                        Ok(_) if attempt < MAX_ATTEMPTS => self.counters.retried(),
                         Ok(_) => {
                             return Err(Error::Internal(
                                 "a guarded update kept missing its own record".into(),
@@ -118,6 +118,7 @@ impl Inner {
                     }
                 }
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 Err(Step::Retry(e) | Step::Fail(e)) => return Err(e),

@@ -215,6 +215,7 @@ impl Inner {
                 Err(Step::Fail(e)) => return Err(e),
                 // The record changed between the read and the write, or a conflict.
                 Ok(None) | Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS * 4 => {
+                    self.counters.retried();
                     tokio::time::sleep(backoff(attempt.min(4))).await;
                 }
                 Ok(None) => {
