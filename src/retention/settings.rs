@@ -172,6 +172,7 @@ impl Rules {
     /// When `rec`, stored under a TTL of `ttl`, expires: a TTL after its lease ends while
     /// IN_PROGRESS, a TTL after its last change once finished (saturating).
     /// Every TTL in use: the default and each operation's.
+    #[cfg(feature = "postgres")]
     pub(crate) fn ttls(&self) -> impl Iterator<Item = u64> + '_ {
         std::iter::once(self.default_ttl_ms).chain(self.operation_ttls.values().copied())
     }
