@@ -103,7 +103,7 @@ fn index_seed(secret: &[u8; SECRET_LEN]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0001)
 }
 
-fn database_id(secret: &[u8; SECRET_LEN]) -> u64 {
+pub(crate) fn database_id(secret: &[u8; SECRET_LEN]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0002)
 }
 

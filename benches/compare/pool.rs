@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::engines::Engine;
+use crate::shared::callers::{Done, gather};
 use crate::shared::keys::{Rng, fresh_id};
 use crate::shared::nanos;
 
@@ -19,13 +20,6 @@ pub enum Work {
     Execute,
     /// reserve of a random completed key among `0..keys`.
     Replay { keys: u64 },
-}
-
-struct Done {
-    start: Instant,
-    end: Instant,
-    /// Per-operation latencies in ns (not recorded for replays: too short to time singly).
-    latencies: Vec<u64>,
 }
 
 /// `threads` callers, each with its own session (its own SQLite connection), waiting for work.
@@ -106,18 +100,7 @@ impl Pool {
         for c in &self.commands {
             c.send(per_thread).expect("caller alive");
         }
-        let mut first: Option<Instant> = None;
-        let mut last: Option<Instant> = None;
-        for _ in 0..self.commands.len() {
-            let d = self.done.recv().expect("caller finished");
-            first = Some(first.map_or(d.start, |f| f.min(d.start)));
-            last = Some(last.map_or(d.end, |l| l.max(d.end)));
-            latencies.extend_from_slice(&d.latencies);
-        }
-        match (first, last) {
-            (Some(f), Some(l)) => l - f,
-            _ => Duration::ZERO,
-        }
+        gather(&self.done, self.commands.len(), latencies)
     }
 }
 

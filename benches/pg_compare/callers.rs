@@ -7,18 +7,12 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::shared::callers::{Done, gather, load_caller};
 use crate::shared::keys::fresh_id;
 use crate::shared::nanos;
 
 /// What a caller does once: one lifecycle of the fresh key it is given.
 pub type Op = Arc<dyn Fn(u64) + Send + Sync>;
-
-struct Done {
-    start: Instant,
-    end: Instant,
-    /// Per-lifecycle latencies in ns.
-    latencies: Vec<u64>,
-}
 
 /// `threads` callers waiting for work.
 pub struct Callers {
@@ -78,18 +72,7 @@ impl Callers {
         for c in &self.commands {
             c.send(per_thread).expect("caller alive");
         }
-        let mut first: Option<Instant> = None;
-        let mut last: Option<Instant> = None;
-        for _ in 0..self.commands.len() {
-            let d = self.done.recv().expect("caller finished");
-            first = Some(first.map_or(d.start, |f| f.min(d.start)));
-            last = Some(last.map_or(d.end, |l| l.max(d.end)));
-            latencies.extend_from_slice(&d.latencies);
-        }
-        match (first, last) {
-            (Some(f), Some(l)) => l - f,
-            _ => Duration::ZERO,
-        }
+        gather(&self.done, self.commands.len(), latencies)
     }
 }
 
@@ -125,18 +108,7 @@ pub fn run_load(
     let t0 = OnceLock::new();
     std::thread::scope(|s| {
         let callers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::with_capacity(1 << 12);
-                    ready.wait();
-                    let t0: Instant = *t0.get().expect("set before the barrier");
-                    while !stop.load(Ordering::Relaxed) {
-                        let (start, took) = op(fresh_id());
-                        out.push((nanos(start.saturating_duration_since(t0)), nanos(took)));
-                    }
-                    out
-                })
-            })
+            .map(|_| s.spawn(|| load_caller(op, &ready, &t0, &stop)))
             .collect();
         let start = Instant::now();
         t0.set(start).expect("set once");

@@ -6,8 +6,7 @@ use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::THREADS;
-use crate::shared::keys::fresh_id;
-use crate::shared::nanos;
+use crate::shared::callers::load_caller;
 
 /// One expiry step run beside a load: its start (ns since the load began), duration, and the
 /// records it removed.
@@ -37,18 +36,7 @@ pub fn run_load(
     let t0 = OnceLock::new();
     std::thread::scope(|s| {
         let callers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::with_capacity(1 << 14);
-                    ready.wait();
-                    let t0: Instant = *t0.get().expect("set before the barrier");
-                    while !stop.load(Ordering::Relaxed) {
-                        let (start, took) = op(fresh_id());
-                        out.push((nanos(start.saturating_duration_since(t0)), nanos(took)));
-                    }
-                    out
-                })
-            })
+            .map(|_| s.spawn(|| load_caller(op, &ready, &t0, &stop)))
             .collect();
         let side = s.spawn(|| {
             ready.wait();

@@ -1,10 +1,11 @@
-//! What both benches (`compare`, `retention`) share: the stored keys and bodies, criterion's
-//! setup and files, and the markdown report's pieces. Each bench includes it with
+//! What the benches (`compare`, `retention`, `pg_compare`) share: the stored keys and bodies,
+//! criterion's setup and files, caller threads, and the markdown report's pieces. Each bench includes it with
 //! `#[path = "../shared/mod.rs"] mod shared;`.
 
 // Each bench uses only part of it.
 #![allow(dead_code)]
 
+pub mod callers;
 pub mod keys;
 pub mod report;
 

@@ -8,7 +8,7 @@ use super::Inner;
 use tokio_postgres::types::ToSql;
 
 use super::errors::{MAX_ATTEMPTS, Step, after_commit, backoff, database, is_retryable, pool};
-use super::rows::{Found, KeyParts, NEWEST, ms, state_code, token_value};
+use super::rows::{Found, KeyParts, ms, newest, state_code, token_value};
 use super::wait::{CHANNEL, payload};
 use crate::decide::check_owner;
 use crate::error::Error;
@@ -101,10 +101,7 @@ impl Inner {
             match self.run_op(&client, reservation, &p, op, now).await {
                 Ok(Some(lease_end)) => return Ok(lease_end),
                 Ok(None) => {
-                    let row = client
-                        .query_opt(NEWEST, &[&p.operation, &p.principal, &p.key])
-                        .await
-                        .map_err(database)?;
+                    let row = newest(&client, &p).await.map_err(database)?;
                     let live = Found::of(row.as_ref(), self.clock.now_ms())?.live;
                     match check_owner(live, reservation.token) {
                         Err(e) => return Err(e),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use super::errors::{MAX_ATTEMPTS, Step, after_commit, backoff, database, pool};
-use super::rows::{Found, KeyParts, NEWEST, RowValues, ms, token_value};
+use super::rows::{Found, KeyParts, NEWEST, RowValues, ms, newest, token_from, token_value};
 use crate::decide::{Decision, decide, new_owner};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
@@ -198,11 +198,7 @@ impl Inner {
         let key = RecordKey::encode(scope, key, &self.limits)?;
         let parts = KeyParts::of(&key)?;
         let client = self.pool.get().await.map_err(pool)?;
-        let stmt = client.prepare_cached(NEWEST).await.map_err(database)?;
-        let row = client
-            .query_opt(&stmt, &[&parts.operation, &parts.principal, &parts.key])
-            .await
-            .map_err(database)?;
+        let row = newest(&client, &parts).await.map_err(database)?;
         Ok(Found::of(row.as_ref(), self.clock.now_ms())?.live)
     }
 
@@ -234,14 +230,7 @@ impl Inner {
         let ttl = self.rules.ttl_ms(request.key);
         let mut client = self.pool.get().await.map_err(pool)?;
         let now = self.clock.now_ms();
-        let stmt = client
-            .prepare_cached(NEWEST)
-            .await
-            .map_err(Step::before_commit)?;
-        let row = client
-            .query_opt(&stmt, &[&p.operation, &p.principal, &p.key])
-            .await
-            .map_err(Step::before_commit)?;
+        let row = newest(&client, p).await.map_err(Step::before_commit)?;
         let found = Found::of(row.as_ref(), now)?;
         if found.live.is_some() {
             return match decide(found.live, request.fingerprint, now) {
@@ -293,10 +282,7 @@ impl Inner {
             .try_get::<_, Option<i16>>(0)
             .map_err(Step::before_commit)?
             .is_some();
-        let token = u64::try_from(token)
-            .ok()
-            .and_then(FencingToken::new)
-            .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))?;
+        let token = token_from(token)?;
         txn.commit().await.map_err(Step::at_commit)?;
         Ok(Some(ReserveOutcome::Acquired(Reservation {
             database_id: self.database_id,
@@ -376,11 +362,7 @@ pub(crate) async fn insert(
 }
 
 pub(crate) fn token_of(row: &tokio_postgres::Row) -> Result<FencingToken, Error> {
-    let t: i64 = row.try_get(0).map_err(database)?;
-    u64::try_from(t)
-        .ok()
-        .and_then(FencingToken::new)
-        .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))
+    token_from(row.try_get(0).map_err(database)?)
 }
 
 /// `sql` prepared on the transaction's connection, once per connection: a statement given

@@ -16,6 +16,18 @@ pub(crate) const NEWEST: &str = "SELECT state, fingerprint, token, lease_expires
      created_at, updated_at, expires_at, attempts, response FROM idemdb_records \
      WHERE operation = $1 AND principal = $2 AND key = $3 ORDER BY expires_at DESC LIMIT 1";
 
+/// The key's newest row, read on `client` by itself (the statement prepared once per
+/// connection).
+pub(crate) async fn newest(
+    client: &deadpool_postgres::Client,
+    p: &KeyParts<'_>,
+) -> Result<Option<Row>, tokio_postgres::Error> {
+    let stmt = client.prepare_cached(NEWEST).await?;
+    client
+        .query_opt(&stmt, &[&p.operation, &p.principal, &p.key])
+        .await
+}
+
 /// A record key split into its three columns.
 pub(crate) struct KeyParts<'a> {
     pub(crate) operation: &'a [u8],
@@ -123,6 +135,14 @@ pub(crate) fn fingerprint_bytes(fp: Fingerprint) -> [u8; 16] {
 
 pub(crate) fn state_code(state: RecordState) -> i16 {
     i16::from(state.to_byte())
+}
+
+/// A token as the sequence gave it.
+pub(crate) fn token_from(value: i64) -> Result<FencingToken, Error> {
+    u64::try_from(value)
+        .ok()
+        .and_then(FencingToken::new)
+        .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))
 }
 
 pub(crate) fn token_value(token: FencingToken) -> i64 {

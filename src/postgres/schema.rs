@@ -6,6 +6,7 @@ use tokio_postgres::error::SqlState;
 use super::errors::{database, is_retryable};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
+use crate::meta::database_id;
 
 /// The newest schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: i32 = 1;
@@ -20,7 +21,6 @@ const V1: &str = "
 CREATE TABLE IF NOT EXISTS idemdb_meta (
     id int PRIMARY KEY CHECK (id = 1),
     schema_version int NOT NULL,
-    database_id bigint NOT NULL,
     fingerprint_secret bytea NOT NULL
 );
 CREATE SEQUENCE IF NOT EXISTS idemdb_tokens AS bigint MINVALUE 1 START WITH 1;
@@ -47,9 +47,11 @@ CREATE INDEX IF NOT EXISTS idemdb_records_key
 /// Applies every migration newer than the database's version, in one transaction each;
 /// returns the version now in place. Refuses a database of a newer build.
 pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, Error> {
+    // Made once: the first instance's wins. The database's identity derives from it.
+    let secret = Fingerprinter::random_secret()?.to_vec();
     let mut attempts = 0;
     loop {
-        match migrate_once(client).await {
+        match migrate_once(client, &secret).await {
             Ok(v) => return Ok(v),
             // Two instances creating the same objects at once: the loser retries and finds
             // them made.
@@ -68,7 +70,10 @@ fn is_create_race(e: &tokio_postgres::Error) -> bool {
     )
 }
 
-async fn migrate_once(client: &mut tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+async fn migrate_once(
+    client: &mut tokio_postgres::Client,
+    secret: &[u8],
+) -> Result<i32, tokio_postgres::Error> {
     let found = version(client).await?;
     if found.is_some_and(|v| v >= SCHEMA_VERSION) {
         return Ok(found.unwrap_or(SCHEMA_VERSION));
@@ -80,12 +85,10 @@ async fn migrate_once(client: &mut tokio_postgres::Client) -> Result<i32, tokio_
         &[&STRIPES],
     )
     .await?;
-    // The identity and the secret are made once: the first instance's win.
-    let (id, secret) = identity();
     txn.execute(
-        "INSERT INTO idemdb_meta (id, schema_version, database_id, fingerprint_secret) \
-         VALUES (1, $1, $2, $3) ON CONFLICT (id) DO NOTHING",
-        &[&SCHEMA_VERSION, &id, &secret],
+        "INSERT INTO idemdb_meta (id, schema_version, fingerprint_secret) \
+         VALUES (1, $1, $2) ON CONFLICT (id) DO NOTHING",
+        &[&SCHEMA_VERSION, &secret],
     )
     .await?;
     txn.execute(
@@ -95,18 +98,6 @@ async fn migrate_once(client: &mut tokio_postgres::Client) -> Result<i32, tokio_
     .await?;
     txn.commit().await?;
     Ok(SCHEMA_VERSION)
-}
-
-/// A random database identity and fingerprint secret; all zero only if the OS has no
-/// randomness, which `Meta::read` then refuses.
-fn identity() -> (i64, Vec<u8>) {
-    let secret = Fingerprinter::random_secret().unwrap_or([0; SECRET_LEN]);
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&secret[..8]);
-    let mut secret = secret.to_vec();
-    // The identity is not part of the secret.
-    let _ = getrandom::fill(&mut secret[..8]);
-    (i64::from_le_bytes(id), secret)
 }
 
 /// The schema version in place; `None` on a database without idemdb's tables.
@@ -124,7 +115,8 @@ async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_p
     Ok(row.map(|r| r.get(0)))
 }
 
-/// What a store reads once at connect: its identity and fingerprint secret.
+/// What a store reads once at connect: the fingerprint secret, and the database's identity
+/// derived from it as the embedded engine derives its own.
 pub(crate) struct Meta {
     pub(crate) database_id: u64,
     pub(crate) fingerprinter: Fingerprinter,
@@ -156,23 +148,17 @@ impl Meta {
         }
         let row = client
             .query_one(
-                "SELECT database_id, fingerprint_secret FROM idemdb_meta WHERE id = 1",
+                "SELECT fingerprint_secret FROM idemdb_meta WHERE id = 1",
                 &[],
             )
             .await
             .map_err(database)?;
-        let id: i64 = row.get(0);
-        let secret: Vec<u8> = row.get(1);
+        let secret: Vec<u8> = row.try_get(0).map_err(database)?;
         let secret: [u8; SECRET_LEN] = secret.try_into().map_err(|_| {
             Error::Corrupted("idemdb_meta.fingerprint_secret has the wrong length".into())
         })?;
-        if secret.iter().all(|&b| b == 0) {
-            return Err(Error::Entropy(
-                "the database's fingerprint secret is all zero (made without randomness)".into(),
-            ));
-        }
         Ok(Meta {
-            database_id: u64::from_le_bytes(id.to_le_bytes()),
+            database_id: database_id(&secret),
             fingerprinter: Fingerprinter::new(secret),
         })
     }
