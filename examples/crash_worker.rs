@@ -4,6 +4,9 @@
 //! stdout, one whole line per write, as soon as they get it. It runs until it is killed.
 //!
 //! `cargo run --release --example crash_worker -- /tmp/db.idemdb run-1`
+//!
+//! `IDEMDB_WORKER_CHECKPOINT_MS` sets the database's checkpoint interval (default 1 s), so a
+//! test can have checkpoints taken while it runs.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -91,7 +94,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.next().ok_or("usage: crash_worker DB_PATH RUN_ID")?;
     let run = args.next().ok_or("usage: crash_worker DB_PATH RUN_ID")?;
     // Registered: the order rows are logged with their records, so a kill lands on the log path.
-    let db = Arc::new(IdemDb::builder().table(ORDERS).open(path)?);
+    let mut builder = IdemDb::builder().table(ORDERS);
+    if let Ok(ms) = std::env::var("IDEMDB_WORKER_CHECKPOINT_MS") {
+        builder = builder.checkpoint_interval(Duration::from_millis(ms.parse()?));
+    }
+    let db = Arc::new(builder.open(path)?);
     say("READY".into());
     let threads: Vec<_> = (0..4)
         .map(|t| {

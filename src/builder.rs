@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::measured::Measured;
 use crate::retention::Retention;
 use crate::tables::TableRegistry;
-use crate::wal::check_not_orphaned;
+use crate::wal::{LogFile, check_not_orphaned, log_io};
 
 /// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
 ///
@@ -40,6 +40,7 @@ pub struct Builder {
     verify_on_open: bool,
     retention: Retention,
     tables: TableRegistry,
+    accept_log_loss: bool,
 }
 
 impl Default for Builder {
@@ -52,6 +53,7 @@ impl Default for Builder {
             verify_on_open: true,
             retention: Retention::default(),
             tables: TableRegistry::default(),
+            accept_log_loss: false,
         }
     }
 }
@@ -146,6 +148,25 @@ impl Builder {
         self
     }
 
+    /// Open even if the write-ahead log lacks outcomes the database acknowledged (default:
+    /// off, and such an open fails with [`Error::LogRefused`]). For an operator who cannot
+    /// restore the log as it was and knowingly accepts that some acknowledged answers are
+    /// gone: retries of those intents will run again.
+    ///
+    /// Only when the open finds such a loss does this do anything: it keeps every intact frame
+    /// the log still holds, raises the fencing-token ceiling above every token the two files
+    /// show (by 2^40, so that no token issued before can be issued again), starts a fresh log,
+    /// and notes the loss durably in the file ([`Stats::log_losses_accepted`],
+    /// [`Stats::last_log_loss`], `idemdb stats`). A log of another database, or a log without
+    /// its database file, is refused even so. The CLI's `idemdb accept-log-loss` does the same.
+    ///
+    /// [`Stats::log_losses_accepted`]: crate::Stats::log_losses_accepted
+    /// [`Stats::last_log_loss`]: crate::Stats::last_log_loss
+    pub fn accept_log_loss(mut self, accept: bool) -> Self {
+        self.accept_log_loss = accept;
+        self
+    }
+
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
@@ -158,32 +179,41 @@ impl Builder {
     /// [`Error::UnsupportedFormat`] for one written by a newer format, and with a storage
     /// error if another handle has the file open.
     ///
-    /// The write-ahead log lives beside it, in `<path>-wal` (see docs/design.md §5.3); the two
-    /// files belong together. A log whose database file is missing or empty is refused with
-    /// [`Error::Corrupted`]: restore the file, or delete the log to start afresh.
+    /// The write-ahead log lives beside it, in `<path>-wal` (see docs/design.md §5.6), found
+    /// from the file the path resolves to (through symbolic links), so that every spelling of
+    /// the path finds the same log. The two files belong together: an open refuses
+    /// ([`Error::LogRefused`]) a log that lacks outcomes the database acknowledged (missing,
+    /// cut, older, damaged), a log of another database, and a log whose database file is
+    /// missing or empty (restore the file, or delete the log to start afresh).
     pub fn open(self, path: impl AsRef<Path>) -> Result<IdemDb, Error> {
         self.validate()?;
-        let path = path.as_ref();
-        let log_path = log_path(path);
-        let db_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        if db_len == 0
-            && let Ok(file) = OpenOptions::new().read(true).open(&log_path)
-        {
-            check_not_orphaned(0, &FileBackend::new(file)?)?;
+        let path = resolve(path.as_ref())?;
+        let log_path = log_path(&path);
+        let db_len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let log = match OpenOptions::new().read(true).write(true).open(&log_path) {
+            Ok(file) => {
+                // Locked as redb locks the database: a second open fails here, as it would there.
+                let file = FileBackend::new(file)?;
+                check_not_orphaned(db_len, &file, Some(&log_path))?;
+                LogFile::Open {
+                    file: Box::new(file),
+                    path: Some(log_path),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                LogFile::Absent { path: log_path }
+            }
+            Err(e) => return Err(log_io(Some(&log_path), "open", e)),
+        };
+        let created = db_len == 0;
+        let db = self.redb_builder().create(&path).map_err(open_error)?;
+        let opened = self.finish(db, FileSize::Path(path.clone()), log)?;
+        if created {
+            // The new file's name must survive a power loss with what it acknowledges.
+            crate::wal::sync_dir(&path)
+                .map_err(|e| Error::Storage(Arc::new(redb::Error::Io(e))))?;
         }
-        let db = self.redb_builder().create(path).map_err(open_error)?;
-        let log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&log_path)
-            .map_err(crate::wal::io_error)?;
-        self.finish(
-            db,
-            FileSize::Path(path.to_path_buf()),
-            Box::new(FileBackend::new(log)?),
-        )
+        Ok(opened)
     }
 
     /// Opens the database over any [`redb::StorageBackend`]s, e.g. in-memory or
@@ -195,13 +225,22 @@ impl Builder {
         log: impl StorageBackend,
     ) -> Result<IdemDb, Error> {
         self.validate()?;
-        check_not_orphaned(db.len().map_err(crate::wal::io_error)?, &log)?;
+        check_not_orphaned(
+            db.len()
+                .map_err(|e| Error::Storage(Arc::new(redb::Error::Io(e))))?,
+            &log,
+            None,
+        )?;
         let len = Arc::new(AtomicU64::new(0));
         let db = self
             .redb_builder()
             .create_with_backend(Measured::new(db, Arc::clone(&len)))
             .map_err(open_error)?;
-        self.finish(db, FileSize::Backend(len), Box::new(log))
+        let log = LogFile::Open {
+            file: Box::new(log),
+            path: None,
+        };
+        self.finish(db, FileSize::Backend(len), log)
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -209,18 +248,14 @@ impl Builder {
         self.retention.validate()
     }
 
-    fn finish(
-        self,
-        db: redb::Database,
-        size: FileSize,
-        log: Box<dyn StorageBackend>,
-    ) -> Result<IdemDb, Error> {
+    fn finish(self, db: redb::Database, size: FileSize, log: LogFile) -> Result<IdemDb, Error> {
         let settings = Settings {
             clock: self.clock,
             limits: self.limits,
             writer: self.writer,
             retention: self.retention,
             tables: self.tables,
+            accept_log_loss: self.accept_log_loss,
         };
         IdemDb::from_parts(db, log, settings, size)
     }
@@ -233,6 +268,41 @@ impl Builder {
         }
         b
     }
+}
+
+/// The file `path` names, with every symbolic link (of the file and of its directories)
+/// resolved: its log is found beside that file, whatever the spelling of the path. A path to
+/// no file yet resolves its directory, so the file and its log are created there.
+fn resolve(path: &Path) -> Result<PathBuf, Error> {
+    let io = |e: std::io::Error| Error::Storage(Arc::new(redb::Error::Io(e)));
+    let mut path = path.to_path_buf();
+    // A dangling link names the file it would create: follow it by hand (bounded, as the
+    // kernel bounds link chains).
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&path).map_err(io)?;
+                path = match path.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            Ok(_) => return std::fs::canonicalize(&path).map_err(io),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(io(e)),
+        }
+    }
+    let name = path.file_name().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} does not name a file", path.display()),
+        ))
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok(std::fs::canonicalize(dir).map_err(io)?.join(name))
 }
 
 /// Where the log of the database at `path` lives: `<path>-wal`.
@@ -263,6 +333,7 @@ pub(crate) struct Settings {
     pub(crate) writer: WriterConfig,
     pub(crate) retention: Retention,
     pub(crate) tables: TableRegistry,
+    pub(crate) accept_log_loss: bool,
 }
 
 /// Where `stats()` finds the size of the database.

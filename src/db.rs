@@ -90,8 +90,9 @@ impl Drop for IdemDb {
             // A panic there already poisoned the writer; nothing is left to answer.
             let _ = committer.join();
         }
-        // Recovery would replay what the log holds; a clean close leaves nothing to replay.
-        let _ = self.writer.checkpoint();
+        // A last checkpoint that records the log as no longer in use: a clean close leaves
+        // nothing the next open needs from the log (it may then be removed or replaced).
+        let _ = self.writer.close_log();
     }
 }
 
@@ -108,7 +109,7 @@ impl IdemDb {
 
     pub(crate) fn from_parts(
         db: Database,
-        log: Box<dyn redb::StorageBackend>,
+        log: crate::wal::LogFile,
         settings: Settings,
         file: FileSize,
     ) -> Result<IdemDb, Error> {
@@ -118,14 +119,18 @@ impl IdemDb {
             writer: config,
             retention,
             tables,
+            accept_log_loss,
         } = settings;
         let rules = retention.rules();
-        let mut meta = meta::load_or_init(&db, &rules)?;
-        let (log, recovered) = crate::wal::open_log(&db, log, meta.database_id, &tables)?;
-        if recovered.frames > 0 {
-            // The replay may have raised the token ceiling.
-            meta = meta::load_or_init(&db, &rules)?;
-        }
+        let meta = meta::load_or_init(&db, &rules)?;
+        let opening = crate::wal::Opening {
+            database_id: meta.database_id,
+            tables: &tables,
+            accept_loss: accept_log_loss,
+            now_ms: clock.now_ms(),
+            format_version: meta::FORMAT_VERSION,
+        };
+        let (log, recovered) = crate::wal::open_log(&db, log, &opening)?;
         let log_gauges = log.gauges();
         let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
         let engine = Arc::new(Engine::new(
@@ -139,7 +144,8 @@ impl IdemDb {
         let writer = Arc::new(Writer::new(
             Arc::clone(&engine),
             config,
-            meta.next_token,
+            recovered.next_token,
+            recovered.token_ceiling,
             log,
         ));
         let committer = {
@@ -214,6 +220,8 @@ impl IdemDb {
         stats.horizon_keys = layout.horizon.len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
         stats.replayed_frames = self.recovered.frames;
+        stats.log_losses_accepted = self.recovered.losses;
+        stats.last_log_loss = self.recovered.last_loss.clone();
         let (log_len, since) = self.log_gauges.read();
         stats.log_bytes_on_disk = log_len;
         stats.log_bytes_since_checkpoint = since;
@@ -273,6 +281,12 @@ impl IdemDb {
     pub fn compact_now(&self) -> Result<CompactionReport, Error> {
         refuse_reentry()?;
         compact(&self.writer, self.engine.clock.now_ms())
+    }
+
+    /// The loss of the write-ahead log this open accepted
+    /// ([`Builder::accept_log_loss`](crate::Builder::accept_log_loss)), if it found one.
+    pub fn accepted_log_loss(&self) -> Option<&crate::LogProblem> {
+        self.recovered.accepted.as_ref()
     }
 
     /// The retention in force.

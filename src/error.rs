@@ -2,8 +2,10 @@
 //! in progress) are enum variants of the outcome types instead.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::log_problem::LogProblem;
 use crate::record::RecordState;
 use crate::token::FencingToken;
 
@@ -103,6 +105,24 @@ pub enum Error {
     },
     /// Stored bytes failed validation.
     Corrupted(String),
+    /// The open refused the write-ahead log beside the database: it lacks, or may lack,
+    /// outcomes the database acknowledged, or it is not this database's. Nothing was
+    /// changed; [`LogProblem`] says what was found and what can be done.
+    LogRefused {
+        /// The log's path (`None` when opened over storage backends).
+        log: Option<PathBuf>,
+        /// What was found.
+        problem: LogProblem,
+    },
+    /// The write-ahead log could not be created, opened, read or written.
+    LogIo {
+        /// The log's path (`None` when opened over storage backends).
+        log: Option<PathBuf>,
+        /// What was being done ("create", "open", "read", "write", "sync", …).
+        action: &'static str,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
+    },
     /// An internal invariant failed: a bug in idemdb (please report it). Nothing was written
     /// by the call that got it, unless it says otherwise.
     Internal(String),
@@ -162,6 +182,31 @@ impl fmt::Display for Error {
                 "database format version {found} is newer than this build supports ({supported})"
             ),
             Error::Corrupted(why) => write!(f, "corrupted data: {why}"),
+            Error::LogRefused { log, problem } => {
+                write!(
+                    f,
+                    "the write-ahead log {} {problem}; nothing was changed",
+                    log_name(log.as_deref())
+                )?;
+                if problem.can_accept() {
+                    write!(
+                        f,
+                        ". Put the log (or the database file) back as it was and open again, \
+                         or accept the loss knowingly (Builder::accept_log_loss, `idemdb \
+                         accept-log-loss`)"
+                    )?;
+                }
+                Ok(())
+            }
+            Error::LogIo {
+                log,
+                action,
+                source,
+            } => write!(
+                f,
+                "cannot {action} the write-ahead log {}: {source}",
+                log_name(log.as_deref())
+            ),
             Error::Internal(why) => write!(f, "internal error (a bug in idemdb): {why}"),
             Error::ThreadSpawn { thread, source } => {
                 write!(f, "cannot start the {thread} thread: {source}")
@@ -196,6 +241,7 @@ impl std::error::Error for Error {
             Error::Storage(e) => Some(&**e),
             Error::Database(e) => Some(&**e),
             Error::ThreadSpawn { source, .. } => Some(&**source),
+            Error::LogIo { source, .. } => Some(&**source),
             _ => None,
         }
     }
@@ -206,6 +252,14 @@ impl Error {
     /// failed commit, or an engine panic during one. Reopen, then read the record.
     pub fn is_outcome_unknown(&self) -> bool {
         matches!(self, Error::OutcomeUnknown(_) | Error::Poisoned(_))
+    }
+}
+
+/// How a log is named in messages: its path, or what stands for one over backends.
+fn log_name(log: Option<&Path>) -> String {
+    match log {
+        Some(path) => path.display().to_string(),
+        None => "(a storage backend)".to_string(),
     }
 }
 

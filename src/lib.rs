@@ -41,6 +41,7 @@ mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 mod inbox;
+mod log_problem;
 mod measured;
 mod meta;
 mod observe;
@@ -84,6 +85,7 @@ pub use error::{Error, ExecuteError, InputError};
 pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
 pub use inbox::Consumed;
+pub use log_problem::LogProblem;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgCompaction, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx};
@@ -93,7 +95,7 @@ pub use retention::{BeyondHorizonPolicy, Retention};
 pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use scope::{Key, Scope};
-pub use stats::{HISTOGRAM_BUCKETS, Histogram, Stats};
+pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, Stats};
 pub use store::Store;
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;

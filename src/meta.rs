@@ -30,6 +30,12 @@ const MAGIC_KEY: &str = "magic";
 const VERSION_KEY: &str = "format_version";
 const SECRET_KEY: &str = "fingerprint_secret";
 pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
+/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling above every
+/// token issued, raised by a block when issued tokens reach it (by a batch, which then ends
+/// with a durable commit), when they come within half a block of it (by a checkpoint), and at
+/// every open, so most batches do neither. After a reopen, tokens resume at the ceiling; up
+/// to this many are skipped, never reused.
+pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
 /// The sequence number of the last log frame this file holds (wal/): absent before the first
 /// checkpoint.
 pub(crate) const CHECKPOINT_KEY: &str = "log_checkpoint";
@@ -38,14 +44,17 @@ const MAGIC: &[u8] = b"idemdb\0\x01";
 /// The on-disk format this build writes and the newest it reads. Version 1 kept IN_PROGRESS
 /// records in the records table; version 2 kept finished records in one table, without
 /// expiry. Version 3 had no write-ahead log: a binary that knows no log must not open a file
-/// whose log may hold acknowledged outcomes. All are upgraded on open.
-pub(crate) const FORMAT_VERSION: u32 = 4;
+/// whose log may hold acknowledged outcomes. Version 4 did not record its log (the meta entry
+/// `log`) and let a token ceiling live in the log alone: a binary that does neither must not
+/// open a file that relies on both. All are upgraded on open; the last step, 4 → 5, with the
+/// log's record when the log is opened (wal/recover.rs).
+pub(crate) const FORMAT_VERSION: u32 = 5;
+/// The version the upgrades below reach; opening the log takes it to [`FORMAT_VERSION`].
+const BEFORE_LOG_RECORD: u32 = 4;
 
 /// What open() reads from, or writes to, a database's meta table.
 pub(crate) struct Meta {
     pub(crate) fingerprinter: Fingerprinter,
-    /// The next fencing token to issue; every issued token is below it.
-    pub(crate) next_token: u64,
     /// Seed of the key index's hash, derived from the secret.
     pub(crate) index_seed: u64,
     /// The database's identity, derived from the secret (random per database, kept with the
@@ -95,7 +104,6 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
         index_seed: index_seed(&secret),
         database_id: database_id(&secret),
         fingerprinter: Fingerprinter::new(secret),
-        next_token: 1,
     })
 }
 
@@ -156,7 +164,7 @@ fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> 
         }
         txn.open_table(HORIZON)?;
         txn.open_table(META)?
-            .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
+            .insert(VERSION_KEY, &BEFORE_LOG_RECORD.to_le_bytes()[..])?;
     }
     txn.delete_table(RECORDS)?;
     txn.commit()?;
@@ -167,8 +175,17 @@ fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> 
 fn upgrade_from_3(db: &Database) -> Result<(), Error> {
     let txn = db.begin_write()?;
     txn.open_table(META)?
-        .insert(VERSION_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
+        .insert(VERSION_KEY, &BEFORE_LOG_RECORD.to_le_bytes()[..])?;
     txn.commit()?;
+    Ok(())
+}
+
+/// Writes `version` as the file's format version.
+pub(crate) fn write_format_version(
+    meta: &mut redb::Table<'_, &'static str, &'static [u8]>,
+    version: u32,
+) -> Result<(), Error> {
+    meta.insert(VERSION_KEY, &version.to_le_bytes()[..])?;
     Ok(())
 }
 
@@ -205,6 +222,7 @@ fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
         });
     }
     let secret: [u8; SECRET_LEN] = fixed(&get(SECRET_KEY)?, SECRET_KEY)?;
+    // The token ceiling: read where tokens resume (wal/recover.rs), validated here.
     let next_token = u64::from_le_bytes(fixed(&get(NEXT_TOKEN_KEY)?, NEXT_TOKEN_KEY)?);
     if next_token == 0 {
         return Err(Error::Corrupted("next_token is 0".into()));
@@ -231,7 +249,6 @@ fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
             index_seed: index_seed(&secret),
             database_id: database_id(&secret),
             fingerprinter: Fingerprinter::new(secret),
-            next_token,
         },
         version,
     )))

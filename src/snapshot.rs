@@ -103,6 +103,9 @@ pub(crate) struct Snapshots {
     layout: Arc<Layout>,
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
+    /// Tests make every refresh fail, to exercise the fallback (testing::fail_snapshot_refresh).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fail_refresh: std::sync::atomic::AtomicBool,
 }
 
 impl Snapshots {
@@ -111,6 +114,8 @@ impl Snapshots {
             db,
             layout,
             shards: std::array::from_fn(|_| Shard(RwLock::new(None))),
+            #[cfg(feature = "fault-injection")]
+            fail_refresh: std::sync::atomic::AtomicBool::new(false),
         };
         snapshots.refresh();
         snapshots
@@ -119,6 +124,13 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
+        #[cfg(feature = "fault-injection")]
+        if self.fail_refresh.load(std::sync::atomic::Ordering::SeqCst) {
+            for shard in &self.shards {
+                *shard.0.write() = None;
+            }
+            return;
+        }
         let fresh = Tables::open(&self.db, &self.layout).ok().map(Arc::new);
         for shard in &self.shards {
             *shard.0.write() = fresh.clone();

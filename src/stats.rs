@@ -125,6 +125,23 @@ pub struct Stats {
     /// Bytes of log frames written since the last checkpoint: what recovery would replay
     /// after a crash now.
     pub log_bytes_since_checkpoint: u64,
+    /// Times, over the database's life, that an open accepted a loss of the write-ahead log
+    /// ([`Builder::accept_log_loss`](crate::Builder::accept_log_loss)): a durable note, kept
+    /// in the file. 0 for a database that never lost acknowledged outcomes knowingly.
+    pub log_losses_accepted: u64,
+    /// The last loss accepted, if any.
+    pub last_log_loss: Option<LogLoss>,
+}
+
+/// A loss of the write-ahead log that an open accepted knowingly (see
+/// [`Stats::last_log_loss`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogLoss {
+    /// When, in ms since the Unix epoch, by the database's clock.
+    pub at_ms: u64,
+    /// What the open found (the refusal's words).
+    pub what: String,
 }
 
 #[derive(Clone, Copy)]
@@ -244,6 +261,8 @@ impl StatsCollector {
             replayed_frames: 0,
             log_bytes_on_disk: 0,
             log_bytes_since_checkpoint: 0,
+            log_losses_accepted: 0,
+            last_log_loss: None,
             // Filled in by IdemDb::stats from the file.
             stored_records: 0,
             in_flight_records: 0,

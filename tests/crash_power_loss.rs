@@ -4,14 +4,19 @@
 //! the pending writes of both files dropped, kept, or torn at random; the image is reopened
 //! and checked against what was acknowledged (invariants I1–I5 in docs/design.md). Each
 //! crash image is then crashed again inside every sync of its own recovery, and that image
-//! is checked the same way.
+//! is checked the same way. And the log of each crash image is lost the ways an operator
+//! loses it (deleted, cut at each sector boundary after its header, rolled back to an earlier
+//! image of itself): each open must be refused, or keep every acknowledged outcome with
+//! tokens above all issued.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use idemdb::ManualClock;
+use idemdb::redb::{ReadableDatabase, TableDefinition};
 use idemdb::testing::{
-    FaultBackend, KeyLog, Script, TearMode, check_recovered, open_workload, run_workload,
+    FaultBackend, KeyLog, SECTOR, Script, TearMode, check_recovered, check_recovered_or_refused,
+    check_tokens_after_loss, open_workload, run_workload,
 };
 
 const THREADS: usize = 4;
@@ -24,6 +29,8 @@ struct Run {
     disk: FaultBackend,
     logs: Vec<KeyLog>,
     clock: ManualClock,
+    /// The log's durable image after each of its syncs before the crash.
+    log_history: Vec<Vec<u8>>,
 }
 
 /// Runs the workload with a power loss armed inside the `sync`-th sync after open.
@@ -31,6 +38,7 @@ fn run(sync: Option<(u64, TearMode)>, scripts_per_thread: usize) -> Run {
     let backend = FaultBackend::new();
     let clock = ManualClock::new(START_MS);
     let db = Arc::new(open_workload(backend.clone(), &clock).unwrap());
+    backend.keep_log_history();
     if let Some((n, mode)) = sync {
         backend.crash_at_sync(n, mode);
     }
@@ -43,7 +51,134 @@ fn run(sync: Option<(u64, TearMode)>, scripts_per_thread: usize) -> Run {
         disk: crashed.unwrap_or_else(|| backend.durable_disk()),
         logs,
         clock,
+        log_history: backend.log_history(),
     }
+}
+
+/// How the lost logs of one crash image were answered.
+#[derive(Default)]
+struct Losses {
+    refused: u64,
+    opened: u64,
+    /// Rolled back within the checkpoint's cycle: undetectable, tokens checked.
+    undetectable: u64,
+}
+
+/// What the crash image's database file says of its log: its checkpoint, and whether it was
+/// in use (not closed cleanly). Read with redb alone (docs/design.md §1.1).
+fn recorded_log(db: &[u8]) -> (u64, bool) {
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
+    let raw = idemdb::redb::Builder::new()
+        .create_with_backend(FaultBackend::from_image(db.to_vec()))
+        .unwrap();
+    let read = raw.begin_read().unwrap();
+    let meta = read.open_table(META).unwrap();
+    let u64_at = |v: &[u8], at: usize| u64::from_le_bytes(v[at..at + 8].try_into().unwrap());
+    let checkpoint = meta
+        .get("log_checkpoint")
+        .unwrap()
+        .map_or(0, |v| u64_at(v.value(), 0));
+    let in_use = meta
+        .get("log")
+        .unwrap()
+        .is_some_and(|v| u64_at(v.value(), 24) & 1 == 1);
+    (checkpoint, in_use)
+}
+
+/// The newest frame of the run at the start of a durable log image (docs/design.md §5.6:
+/// frames from offset 512, magic `IDMF`, payload length at 4, sequence number at 8, padded to
+/// 512 bytes); `None` if it has none.
+fn run_last(log: &[u8]) -> Option<u64> {
+    let (mut at, mut last) = (SECTOR, None);
+    while log.get(at..at + 4) == Some(b"IDMF") {
+        let len = u32::from_le_bytes(log[at + 4..at + 8].try_into().unwrap()) as usize;
+        let seq = u64::from_le_bytes(log[at + 8..at + 16].try_into().unwrap());
+        if last.is_some_and(|l: u64| seq != l + 1) {
+            break;
+        }
+        last = Some(seq);
+        at += (32 + len).div_ceil(SECTOR) * SECTOR;
+    }
+    last
+}
+
+/// Opens the crash image of `r` with its log deleted, cut at every sector boundary from the
+/// header to the end of its frames, and rolled back to earlier images of itself (four, spread
+/// over the run). A deleted or cut log, and a log rolled back past the checkpoint, must be
+/// refused or open with every acknowledged outcome intact (it opens only when the database was
+/// closed cleanly). A log rolled back within the checkpoint's cycle cannot be told from a
+/// crash: it must open with tokens above all issued (design.md §5.6, the undetectable rows).
+fn check_log_losses(r: &Run) -> Losses {
+    let db = r.disk.live_image();
+    let log = r.disk.log().live_image();
+    let (checkpoint, in_use) = recorded_log(&db);
+    let frames_end = log.iter().rposition(|&b| b != 0).map_or(SECTOR, |i| i + 1);
+    // (what, log, must hold every acknowledged outcome)
+    let mut variants: Vec<(String, Vec<u8>, bool)> = vec![("deleted".into(), Vec::new(), true)];
+    for at in (SECTOR..=frames_end.div_ceil(SECTOR) * SECTOR).step_by(SECTOR) {
+        variants.push((
+            format!("cut at {at}"),
+            log[..at.min(log.len())].to_vec(),
+            true,
+        ));
+    }
+    let history = &r.log_history;
+    let picks = [
+        0,
+        history.len() / 3,
+        2 * history.len() / 3,
+        history.len().saturating_sub(2),
+    ];
+    for i in picks.into_iter().filter(|&i| i < history.len()) {
+        if history[i] != log {
+            let past_checkpoint = run_last(&history[i]).unwrap_or(0) < checkpoint;
+            variants.push((
+                format!("rolled back to sync {i}"),
+                history[i].clone(),
+                past_checkpoint || !in_use,
+            ));
+        }
+    }
+    // (opened, must hold every acknowledged outcome)
+    let results: Vec<(bool, bool)> = std::thread::scope(|s| {
+        let chunks: Vec<_> = variants
+            .chunks(variants.len().div_ceil(2))
+            .map(|chunk| {
+                let db = &db;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(what, log, intact)| {
+                            let disk = FaultBackend::from_images(db.clone(), log.clone());
+                            let checked = if *intact {
+                                check_recovered_or_refused(disk, r.clock.clone(), &r.logs)
+                            } else {
+                                check_tokens_after_loss(disk, r.clock.clone(), &r.logs)
+                            };
+                            let opened = checked
+                                .unwrap_or_else(|e| panic!("log {what}: {e}"))
+                                .is_some();
+                            assert!(
+                                !(opened && *intact && in_use),
+                                "log {what} opened beside a database in use"
+                            );
+                            (opened, *intact)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        chunks.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut losses = Losses::default();
+    for (opened, intact) in results {
+        match (opened, intact) {
+            (false, _) => losses.refused += 1,
+            (true, true) => losses.opened += 1,
+            (true, false) => losses.undetectable += 1,
+        }
+    }
+    losses
 }
 
 /// Crashes the recovery of `disk` inside each of its syncs in turn and checks what that
@@ -76,6 +211,7 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
     let (mut points, mut runs, mut torn, mut acked, mut in_flight) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut in_drops, mut recognised, mut max_partitions) = (0u64, 0u64, 0u64);
     let (mut log_runs, mut in_recovery, mut replayed) = (0u64, 0u64, 0u64);
+    let (mut lost_refused, mut lost_opened, mut lost_undetectable) = (0u64, 0u64, 0u64);
     let mut n = 0;
     loop {
         let modes = [
@@ -95,6 +231,10 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
             torn += u64::from(matches!(mode, TearMode::Random(_)));
             if matches!(mode, TearMode::Random(_)) {
                 in_recovery += crash_recovery_at_every_sync(&r, mode);
+                let losses = check_log_losses(&r);
+                lost_refused += losses.refused;
+                lost_opened += losses.opened;
+                lost_undetectable += losses.undetectable;
             }
             log_runs += u64::from(r.in_log);
             let check = check_recovered(r.disk, r.clock, &r.logs)
@@ -118,7 +258,9 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
          log frames replayed: {replayed}, \
          acknowledged calls verified: {acked}, in-flight calls resolved: {in_flight} \
          ({in_drops} of them partition drops), dropped keys recognised after the crash: \
-         {recognised}, up to {max_partitions} partitions, {:.1} s",
+         {recognised}, up to {max_partitions} partitions, lost logs refused: {lost_refused}, \
+         opened intact (closed cleanly): {lost_opened}, rolled back undetectably and opened \
+         with tokens above: {lost_undetectable}, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     assert!(log_runs > 0, "no crash struck in a sync of the log");
@@ -127,4 +269,9 @@ fn every_sync_point_with_dropped_kept_and_torn_writes() {
     assert!(points >= 20, "the workload synced only {points} times");
     assert!(in_drops > 0, "no crash struck during a partition drop");
     assert!(recognised > 0, "no dropped key was checked after a crash");
+    assert!(lost_refused > 0, "no lost log was refused");
+    assert!(
+        lost_undetectable > 0,
+        "no log was rolled back within a checkpoint's cycle"
+    );
 }

@@ -1,6 +1,7 @@
 //! Files of older formats are upgraded on open: version 1 (IN_PROGRESS records in the records
-//! table, no in-flight table) and version 2 (finished records in one table, records without
-//! expiry). Their reservations keep working and their owners can still finish them.
+//! table, no in-flight table), version 2 (finished records in one table, records without
+//! expiry), version 3 (no log) and version 4 (a log the file did not record, whose header
+//! had no identity). Their reservations keep working and their owners can still finish them.
 
 mod common;
 
@@ -73,10 +74,11 @@ fn downgrade(path: &std::path::Path, version: u32) {
                 table.insert(k.as_slice(), v.as_slice()).unwrap();
             }
         }
-        txn.open_table(META)
-            .unwrap()
-            .insert("format_version", &version.to_le_bytes()[..])
+        let mut meta = txn.open_table(META).unwrap();
+        meta.insert("format_version", &version.to_le_bytes()[..])
             .unwrap();
+        // Formats before 5 did not record their log.
+        meta.remove("log").unwrap();
     }
     for n in &partitions {
         assert!(
@@ -149,8 +151,8 @@ fn upgrades_from(version: u32) {
     assert!(db.complete(&done, b"again".to_vec()).is_err());
     drop(db);
 
-    // The file is version 4 now, with its in-flight and horizon tables.
-    assert_eq!(format_version(&path), Some(4u32.to_le_bytes().to_vec()));
+    // The file is version 5 now, with its in-flight and horizon tables, and its log recorded.
+    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let names = table_names(&read);
@@ -183,10 +185,12 @@ fn version_3_files_are_upgraded_on_open() {
     {
         let raw = idemdb::redb::Database::open(&path).unwrap();
         let txn = raw.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert("format_version", &3u32.to_le_bytes()[..])
-            .unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert("format_version", &3u32.to_le_bytes()[..])
+                .unwrap();
+            meta.remove("log").unwrap();
+        }
         txn.commit().unwrap();
     }
     let db = IdemDb::open(&path).unwrap();
@@ -195,5 +199,52 @@ fn version_3_files_are_upgraded_on_open() {
         ReserveOutcome::Completed(b"ok".to_vec())
     );
     drop(db);
-    assert_eq!(format_version(&path), Some(4u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
+}
+
+/// Version 4 did not record its log, and the log's header (version 1) had no identity of its
+/// own: a version-4 file killed with frames in its log replays them all, and is upgraded to
+/// version 5 with a fresh log it records.
+#[test]
+fn version_4_files_replay_their_log_and_are_upgraded() {
+    use common::worker::{Acks, Worker, open_worker_db};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.idemdb");
+    let log_path = dir.path().join("v4.idemdb-wal");
+    let mut acks = Acks::default();
+    Worker::new().run_and_kill(&path, "v4", 150, &mut acks);
+    // The file as version 4 left it: no record of its log.
+    {
+        let raw = idemdb::redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert("format_version", &4u32.to_le_bytes()[..])
+                .unwrap();
+            assert!(meta.remove("log").unwrap().is_some());
+        }
+        txn.commit().unwrap();
+    }
+    // The log's header as version 4 wrote it (docs/design.md §5.6): magic, version 1, the
+    // database's identity, xxh3 of the first 24 bytes.
+    let mut log = std::fs::read(&log_path).unwrap();
+    let identity: [u8; 8] = log[16..24].try_into().unwrap();
+    log[..512].fill(0);
+    log[0..8].copy_from_slice(b"idemwal\0");
+    log[8..12].copy_from_slice(&1u32.to_le_bytes());
+    log[16..24].copy_from_slice(&identity);
+    let sum = xxhash_rust::xxh3::xxh3_64(&log[0..24]);
+    log[24..32].copy_from_slice(&sum.to_le_bytes());
+    std::fs::write(&log_path, &log).unwrap();
+
+    let db = open_worker_db(&path).unwrap();
+    assert!(db.stats().replayed_frames > 0);
+    acks.check_outcomes(&db);
+    acks.check_tokens(&db, "probe-v4");
+    drop(db);
+    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
+    let log = std::fs::read(&log_path).unwrap();
+    assert_eq!(u32::from_le_bytes(log[8..12].try_into().unwrap()), 2);
+    let db = open_worker_db(&path).unwrap();
+    acks.check_outcomes(&db);
 }

@@ -402,3 +402,63 @@ fn a_full_queue_makes_callers_wait_and_loses_nothing() {
         );
     }
 }
+
+/// With the shared read snapshot failing to refresh, readers open read transactions of their
+/// own, which show a batch's commit before its durability point: the durability tracker alone
+/// keeps a duplicate, a `get` and a caller's read transaction from answering it.
+#[test]
+fn on_the_fallback_read_path_nobody_answers_from_a_commit_not_yet_durable() {
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    idemdb::testing::fail_snapshot_refresh(&db);
+    let r = match db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap() {
+        ReserveOutcome::Acquired(r) => r,
+        other => panic!("{other:?}"),
+    };
+    // The completion commits (visible) and then waits in its durability point's sync.
+    backend.hold_syncs(true);
+    let completing = {
+        let db = Arc::clone(&db);
+        thread::spawn(move || {
+            db.complete_with(&r, b"done".to_vec(), |tx| {
+                tx.open_table(ROWS)?.insert("k1", 1)?;
+                Ok::<_, Error>(())
+            })
+        })
+    };
+    assert!(backend.wait_for_held(1, WAIT));
+    let dup = reserve_in_thread(&db, "k1");
+    let getter = {
+        let db = Arc::clone(&db);
+        thread::spawn(move || db.get(&scope(), &Key::new("k1")))
+    };
+    let reader = read_row_in_thread(&db);
+    settle();
+    assert!(
+        !dup.is_finished(),
+        "a duplicate answered a commit not yet durable"
+    );
+    assert!(
+        !getter.is_finished(),
+        "get answered a commit not yet durable"
+    );
+    assert!(
+        !reader.is_finished(),
+        "a read transaction showed a commit not yet durable"
+    );
+    backend.hold_syncs(false);
+    backend.release_held();
+    completing.join().unwrap().unwrap();
+    assert_eq!(
+        dup.join().unwrap().unwrap(),
+        ReserveOutcome::Completed(b"done".to_vec())
+    );
+    let record = getter.join().unwrap().unwrap().unwrap();
+    assert_eq!(record.response, b"done");
+    assert_eq!(reader.join().unwrap().unwrap(), Some(1));
+    // Still on the fallback path: later answers are read the same way.
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(b"done".to_vec())
+    );
+}

@@ -1,7 +1,9 @@
-//! What opening does with a damaged, foreign or orphaned write-ahead log (docs/design.md §5.3):
-//! a torn last frame is dropped (its callers were never answered), damage to a frame that was
-//! once durable is `Corrupted`, a zeroed log replays nothing, and a log that is not this
-//! database's, or has lost its database file, is refused without being touched.
+//! What opening does with a damaged, foreign or orphaned write-ahead log (docs/design.md §5.6),
+//! through the fault-injecting backend: a torn last frame is dropped (its callers were never
+//! answered), damage to a frame that was once durable is refused, zeroed frames are refused
+//! once a frame was synced where the zeros are (and undetectable before: tokens still start
+//! above all issued), and a log that is not this database's, or has lost its database file,
+//! is refused without being touched. tests/log_loss.rs has every row through a killed process.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use common::{LEASE, T0, acquired, power_loss_now};
 use idemdb::testing::{FaultBackend, SECTOR};
-use idemdb::{Error, IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
+use idemdb::{Error, IdemDb, Key, LogProblem, ManualClock, RecordState, ReserveOutcome, Scope};
 
 fn scope() -> Scope {
     Scope::new("pay", "u1")
@@ -30,6 +32,8 @@ struct Logged {
     before: FaultBackend,
     /// Both files just after (the last frame durable).
     after: FaultBackend,
+    /// The highest token the run was given.
+    max_token: u64,
 }
 
 /// Three keys completed (six frames), then `k3` reserved and completed with a response
@@ -50,10 +54,28 @@ fn logged_run() -> Logged {
             return Logged {
                 before,
                 after: power_loss_now(&backend, db),
+                max_token: r.token().get(),
             };
         }
     }
     unreachable!()
+}
+
+/// A token issued by `db` now is above `max`: no token is issued twice, whatever was lost.
+fn assert_tokens_above(db: &IdemDb, max: u64) {
+    let r = acquired(
+        db.reserve(&scope(), &Key::new("token-probe"), b"p", LEASE)
+            .unwrap(),
+    );
+    assert!(r.token().get() > max, "token {} after {max}", r.token());
+}
+
+fn refused(result: Result<IdemDb, Error>) -> LogProblem {
+    match result {
+        Err(Error::LogRefused { log: None, problem }) => problem,
+        Err(e) => panic!("expected LogRefused, got {e}"),
+        Ok(_) => panic!("expected LogRefused, the open succeeded"),
+    }
 }
 
 /// The byte range in which two images differ, widened to whole sectors.
@@ -138,46 +160,79 @@ fn a_flipped_bit_in_the_last_frame_is_a_torn_tail_and_in_an_earlier_one_is_corru
     let new = run.after.log().durable_image();
     let last = changed_sectors(&old, &new);
 
+    // Undetectable: a damaged last frame looks like a torn one. Its outcome (k3's
+    // completion) is lost, but no token is issued twice.
     let mut log = new.clone();
     log[last.start + 100] ^= 0x10;
     let disk = FaultBackend::from_images(run.after.durable_image(), log);
     let db = open_unchecked(&disk).unwrap();
     assert_eq!(db.stats().replayed_frames, 7);
     assert_eq!(state(&db, "k3"), Some(RecordState::InProgress));
+    assert_tokens_above(&db, run.max_token);
     drop(db);
 
     // The first frame (k0's reservation) starts right after the 512-byte header.
     let mut log = new.clone();
     log[SECTOR + 40] ^= 0x01;
     let disk = FaultBackend::from_images(run.after.durable_image(), log.clone());
-    match open_unchecked(&disk) {
-        Err(Error::Corrupted(why)) => assert!(why.contains("damaged"), "{why}"),
-        other => panic!("expected Corrupted, got {other:?}"),
-    }
+    assert!(matches!(
+        refused(open_unchecked(&disk)),
+        LogProblem::FrameDamaged {
+            offset: 512,
+            intact: 2,
+            ..
+        }
+    ));
     // Refused without touching the log.
     assert!(disk.log().live_image() == log, "the log was changed");
 }
 
+/// Undetectable: no checkpoint followed the log's creation, so its first frame offset may
+/// never have held a synced frame (a first append torn there leaves the same zeros). What the
+/// frames held is lost; tokens still start above every token issued.
 #[test]
-fn a_zero_filled_log_replays_nothing_and_the_database_opens_at_its_checkpoint() {
+fn zeroed_frames_before_any_checkpoint_replay_nothing_and_tokens_stay_above() {
     let run = logged_run();
-    for keep_header in [true, false] {
-        let mut log = run.after.log().durable_image();
-        let from = if keep_header { SECTOR } else { 0 };
-        log[from..].fill(0);
-        let disk = FaultBackend::from_images(run.after.durable_image(), log);
-        let db = open_unchecked(&disk).unwrap();
-        // What the log held is gone with it: the file is as its last checkpoint left it.
-        assert_eq!(db.stats().replayed_frames, 0);
-        assert_eq!(state(&db, "k0"), None);
-        let r = acquired(db.reserve(&scope(), &Key::new("new"), b"p", LEASE).unwrap());
-        db.complete(&r, b"ok".to_vec()).unwrap();
-        // A zeroed header is rewritten: the log works again, crash and all.
-        let disk = power_loss_now(&disk, db);
-        let db = open_unchecked(&disk).unwrap();
-        assert_eq!(db.stats().replayed_frames, 2, "header kept: {keep_header}");
-        assert_eq!(state(&db, "new"), Some(RecordState::Completed));
-    }
+    let mut log = run.after.log().durable_image();
+    log[SECTOR..].fill(0);
+    let disk = FaultBackend::from_images(run.after.durable_image(), log);
+    let db = open_unchecked(&disk).unwrap();
+    assert_eq!(db.stats().replayed_frames, 0);
+    assert_eq!(state(&db, "k0"), None);
+    assert_tokens_above(&db, run.max_token);
+    let r = acquired(db.reserve(&scope(), &Key::new("new"), b"p", LEASE).unwrap());
+    db.complete(&r, b"ok".to_vec()).unwrap();
+    // The log works again, crash and all: the probe's, new's reservation and completion.
+    let disk = power_loss_now(&disk, db);
+    let db = open_unchecked(&disk).unwrap();
+    assert_eq!(db.stats().replayed_frames, 3);
+    assert_eq!(state(&db, "new"), Some(RecordState::Completed));
+}
+
+/// Once a reopen replayed frames (the checkpoint moved past the log's creation), zeros at the
+/// first frame offset prove the frames were erased; a zeroed header is damage either way.
+#[test]
+fn zeroed_frames_after_a_checkpoint_or_a_zeroed_header_are_refused() {
+    let run = logged_run();
+    // Reopened: the 8 frames replay, the checkpoint moves to 8; then one more frame.
+    let db = open_unchecked(&run.after).unwrap();
+    let r = acquired(db.reserve(&scope(), &Key::new("k4"), b"p", LEASE).unwrap());
+    db.complete(&r, b"ok".to_vec()).unwrap();
+    let disk = power_loss_now(&run.after, db);
+    let mut log = disk.log().durable_image();
+    log[SECTOR..].fill(0);
+    let zeroed = FaultBackend::from_images(disk.durable_image(), log.clone());
+    assert!(matches!(
+        refused(open_unchecked(&zeroed)),
+        LogProblem::Erased { checkpoint: 8 }
+    ));
+    log[..SECTOR].fill(0);
+    let zeroed = FaultBackend::from_images(disk.durable_image(), log);
+    assert_eq!(refused(open_unchecked(&zeroed)), LogProblem::HeaderDamaged);
+    // The log as it was: everything is there.
+    let db = open_unchecked(&disk).unwrap();
+    assert_eq!(state(&db, "k4"), Some(RecordState::Completed));
+    assert_first_three_completed(&db);
 }
 
 #[test]
@@ -187,10 +242,12 @@ fn a_log_of_another_database_is_refused_and_left_alone() {
     drop(open_unchecked(&other).unwrap());
     let foreign_log = run.after.log().durable_image();
     let disk = FaultBackend::from_images(other.durable_image(), foreign_log.clone());
-    match open_unchecked(&disk) {
-        Err(Error::Corrupted(why)) => assert!(why.contains("another database"), "{why}"),
-        other => panic!("expected Corrupted, got {other:?}"),
-    }
+    let problem = refused(open_unchecked(&disk));
+    assert!(matches!(problem, LogProblem::Foreign { .. }), "{problem}");
+    assert!(
+        problem.to_string().contains("another database"),
+        "{problem}"
+    );
     assert!(
         disk.log().live_image() == foreign_log,
         "the log was changed"
@@ -210,8 +267,11 @@ fn a_log_whose_database_file_is_missing_is_refused_and_left_alone() {
     let log = std::fs::read(&log_path).unwrap();
     std::fs::remove_file(&path).unwrap();
     match IdemDb::open(&path) {
-        Err(Error::Corrupted(why)) => assert!(why.contains("missing"), "{why}"),
-        other => panic!("expected Corrupted, got {other:?}"),
+        Err(Error::LogRefused {
+            log: Some(log),
+            problem: LogProblem::DatabaseMissing { .. },
+        }) => assert_eq!(log, log_path.canonicalize().unwrap()),
+        other => panic!("expected LogRefused, got {other:?}"),
     }
     assert!(!path.exists(), "no empty database was created");
     assert!(
@@ -220,7 +280,10 @@ fn a_log_whose_database_file_is_missing_is_refused_and_left_alone() {
     );
     // The same over backends: an empty database storage beside a log.
     let disk = FaultBackend::from_images(Vec::new(), log);
-    assert!(matches!(open_unchecked(&disk), Err(Error::Corrupted(_))));
+    assert!(matches!(
+        refused(open_unchecked(&disk)),
+        LogProblem::DatabaseMissing { .. }
+    ));
     // Deleting the log is the documented way to start afresh.
     std::fs::remove_file(&log_path).unwrap();
     let db = IdemDb::open(&path).unwrap();

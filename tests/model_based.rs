@@ -394,7 +394,7 @@ impl Run {
             ttl: [200 + rng.below(1_000), 200 + rng.below(3_000)],
             width: 100 + rng.below(1_000),
             factor: [0, 1, 2, 4][rng.below(4) as usize],
-            max_response: 16,
+            max_response: 4096,
         };
         let refuse = rng.chance(30);
         let clock = ManualClock::new(START_MS);
@@ -519,10 +519,15 @@ impl Run {
         }
     }
 
-    /// A response: usually within the limit, sometimes over it.
+    /// A response: usually short, often long enough that its log frame spans several sectors
+    /// (so a power loss can tear it mid-payload), sometimes over the limit.
     fn pick_response(&mut self) -> Vec<u8> {
         if self.rng.chance(8) {
             vec![b'x'; self.model.cfg.max_response + 1 + self.rng.below(4) as usize]
+        } else if self.rng.chance(25) {
+            let len = 600 + self.rng.below(2_400) as usize;
+            let tag = format!("r{}-", self.step).into_bytes();
+            tag.iter().copied().cycle().take(len).collect()
         } else {
             format!("r{}", self.step).into_bytes()
         }

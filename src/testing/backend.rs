@@ -43,6 +43,14 @@ pub enum Fault {
         /// Syncs that still succeed.
         after: u64,
     },
+    /// As `Sync`, counting and failing the syncs of one file only: the log's (`log: true`)
+    /// or the database's.
+    FileSync {
+        /// The log, or the database file.
+        log: bool,
+        /// Syncs of that file that still succeed.
+        after: u64,
+    },
 }
 
 /// How a power loss treats the writes pending at that moment.
@@ -103,6 +111,7 @@ struct State {
     syncs: u64,
     write_budget: Option<u64>,
     sync_budget: Option<u64>,
+    file_sync_budget: [Option<u64>; FILES],
     hold_syncs: bool,
     held: usize,
     release_generation: u64,
@@ -115,6 +124,9 @@ struct State {
     crashed_in: Option<usize>,
     /// Syncs begun per file.
     file_syncs: [u64; FILES],
+    /// When on, the log's durable image after each of its syncs: (length, bytes up to the
+    /// last non-zero one; the rest are zeros).
+    log_history: Option<Vec<(usize, Vec<u8>)>>,
 }
 
 #[derive(Default)]
@@ -215,6 +227,7 @@ impl FaultBackend {
         match fault {
             Fault::Write { after } => s.write_budget = Some(after),
             Fault::Sync { after } => s.sync_budget = Some(after),
+            Fault::FileSync { log, after } => s.file_sync_budget[usize::from(log)] = Some(after),
         }
     }
 
@@ -223,6 +236,7 @@ impl FaultBackend {
         let mut s = self.shared.state.lock();
         s.write_budget = None;
         s.sync_budget = None;
+        s.file_sync_budget = [None; FILES];
     }
 
     /// While on, every `sync_data` blocks before it takes effect.
@@ -310,6 +324,32 @@ impl FaultBackend {
     /// Syncs begun so far on the disk (both files), including failed ones.
     pub fn syncs_begun(&self) -> u64 {
         self.shared.state.lock().syncs_begun
+    }
+
+    /// From now on, keeps the log's durable image after each of its syncs, for
+    /// [`log_history`](Self::log_history): the earlier images of itself that a log can be
+    /// rolled back to.
+    pub fn keep_log_history(&self) {
+        self.shared
+            .state
+            .lock()
+            .log_history
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// The log's durable images after each of its syncs since
+    /// [`keep_log_history`](Self::keep_log_history), oldest first.
+    pub fn log_history(&self) -> Vec<Vec<u8>> {
+        let s = self.shared.state.lock();
+        s.log_history
+            .iter()
+            .flatten()
+            .map(|(len, head)| {
+                let mut image = head.clone();
+                image.resize(*len, 0);
+                image
+            })
+            .collect()
     }
 
     /// Kills the disk for the process using it: every later I/O fails, held syncs fail.
@@ -440,12 +480,25 @@ impl StorageBackend for FaultBackend {
             Some(n) => s.sync_budget = Some(n - 1),
             None => {}
         }
+        match s.file_sync_budget[self.file] {
+            Some(0) => return Err(io_error("sync")),
+            Some(n) => s.file_sync_budget[self.file] = Some(n - 1),
+            None => {}
+        }
         // Only this file's pending writes become durable (O(pending), not a copy of the file).
         let file = &mut s.files[self.file];
         for p in std::mem::take(&mut file.pending) {
             match p {
                 Pending::SetLen(len) => resize(&mut file.durable, len),
                 Pending::Write { offset, data } => write_at(&mut file.durable, offset, &data),
+            }
+        }
+        if self.file == 1 && s.log_history.is_some() {
+            let durable = &s.files[1].durable;
+            let used = durable.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            let image = (durable.len(), durable[..used].to_vec());
+            if let Some(history) = s.log_history.as_mut() {
+                history.push(image);
             }
         }
         s.syncs += 1;

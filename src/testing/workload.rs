@@ -77,7 +77,18 @@ const EXPIRING_OP: &str = "crash-expire";
 
 /// Opens a workload database over `backend` on `clock`, with the workload's retention (below).
 pub fn open_workload(backend: super::FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
+    open_workload_with(backend, clock, true)
+}
+
+/// [`open_workload`], verifying every page checksum or not (a variant of a crash image whose
+/// database file was verified already).
+fn open_workload_with(
+    backend: super::FaultBackend,
+    clock: &ManualClock,
+    verify: bool,
+) -> Result<IdemDb, Error> {
     IdemDb::builder()
+        .verify_on_open(verify)
         .clock(clock.clone())
         .retention(workload_retention())
         // Small, so that runs cross checkpoints taken by size as well as by close, compaction
@@ -497,6 +508,44 @@ pub fn check_recovered(
     }
     drop(raw);
     let db = open_workload(disk, &clock).map_err(|e| format!("reopen failed: {e}"))?;
+    check_reopened(db, logs, true)
+}
+
+/// As [`check_recovered`], for a disk whose log was altered after the crash (deleted, cut,
+/// rolled back; the database file was checked already): the open must be refused with
+/// [`Error::LogRefused`] (`Ok(None)`), or open with every acknowledged outcome intact and
+/// tokens above all issued. The database file is not verified again.
+pub fn check_recovered_or_refused(
+    disk: super::FaultBackend,
+    clock: ManualClock,
+    logs: &[KeyLog],
+) -> Result<Option<CrashCheck>, String> {
+    match open_workload_with(disk, &clock, false) {
+        Ok(db) => check_reopened(db, logs, true).map(Some),
+        Err(Error::LogRefused { .. }) => Ok(None),
+        Err(e) => Err(format!("reopen failed: {e}")),
+    }
+}
+
+/// For a disk whose log lost frames in a way no open can tell from a crash (rolled back to an
+/// earlier image of itself within one checkpoint's cycle): refused (`Ok(None)`), or opened
+/// with every stored record decoding, drops atomic (I4, I6) and every token issued after
+/// above every token issued before (I3); acknowledged outcomes after the image may be gone.
+/// The database file is not verified again.
+pub fn check_tokens_after_loss(
+    disk: super::FaultBackend,
+    clock: ManualClock,
+    logs: &[KeyLog],
+) -> Result<Option<CrashCheck>, String> {
+    match open_workload_with(disk, &clock, false) {
+        Ok(db) => check_reopened(db, logs, false).map(Some),
+        Err(Error::LogRefused { .. }) => Ok(None),
+        Err(e) => Err(format!("reopen failed: {e}")),
+    }
+}
+
+/// `intact`: every key must hold its acknowledged state or its in-flight call's.
+fn check_reopened(db: IdemDb, logs: &[KeyLog], intact: bool) -> Result<CrashCheck, String> {
     let mut summary = CrashCheck {
         replayed_frames: db.stats().replayed_frames,
         ..CrashCheck::default()
@@ -524,13 +573,13 @@ pub fn check_recovered(
         let actual = observed(rec.as_ref(), row.as_deref(), &log.key)?;
         let ok = matches(&log.acked, &actual)
             || log.in_flight.as_ref().is_some_and(|f| matches(f, &actual));
-        if !ok {
+        if !ok && intact {
             return Err(format!(
                 "{}: recovered {actual:?}, acknowledged {:?}, in flight {:?}",
                 log.key, log.acked, log.in_flight
             ));
         }
-        if log.dropped && actual == Expect::Absent {
+        if log.dropped && actual == Expect::Absent && intact {
             dropped_absent.push(log);
         }
         max_token = max_token.max(log.max_token);

@@ -1,4 +1,4 @@
-//! The log's byte layout: the segment header and the frames (docs/design.md §5.3).
+//! The log's byte layout: the segment header and the frames (docs/design.md §5.6).
 //!
 //! All integers are little-endian. A frame starts on a 512-byte boundary and is padded with
 //! zeros to the next one, so that recovery can look for valid frames past a bad one.
@@ -13,7 +13,8 @@ pub(crate) const ALIGN: u64 = 512;
 pub(crate) const FRAME_HEADER_LEN: usize = 32;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"idemwal\0";
-const SEGMENT_VERSION: u32 = 1;
+/// Version 1 (format 4) had no log identity; version 2 names the log the database uses.
+const SEGMENT_VERSION: u32 = 2;
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IDMF");
 
 const PUT: u8 = 1;
@@ -64,37 +65,50 @@ fn lengths_fit(lengths: impl Iterator<Item = (usize, usize, usize)>) -> bool {
     total <= MAX_PAYLOAD
 }
 
-/// The segment header, in sector 0 of the log file.
-pub(crate) fn encode_header(database_id: u64) -> Vec<u8> {
+/// The segment header, in sector 0 of the log file: the database's identity, and the
+/// identity of this log (random per log file created, recorded in the database's meta).
+pub(crate) fn encode_header(database_id: u64, log_id: u64) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN as usize];
     out[0..8].copy_from_slice(SEGMENT_MAGIC);
     out[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
     out[16..24].copy_from_slice(&database_id.to_le_bytes());
-    let sum = xxh3_64(&out[0..24]);
-    out[24..32].copy_from_slice(&sum.to_le_bytes());
+    out[24..32].copy_from_slice(&log_id.to_le_bytes());
+    let sum = xxh3_64(&out[0..32]);
+    out[32..40].copy_from_slice(&sum.to_le_bytes());
     out
 }
 
 /// What sector 0 of a log file says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Header {
-    /// A valid header of this database's identity.
-    Of(u64),
+    /// A valid header: the identity of the database it belongs to, and its own (`None` for
+    /// a version-1 header, written before logs had one).
+    Of {
+        database_id: u64,
+        log_id: Option<u64>,
+    },
     /// Not a valid header: never written, torn while it was created, or damaged.
     Invalid,
 }
 
 pub(crate) fn decode_header(bytes: &[u8]) -> Header {
-    let Some(h) = bytes.get(0..32) else {
+    let Some(h) = bytes.get(0..40) else {
         return Header::Invalid;
     };
-    if &h[0..8] != SEGMENT_MAGIC
-        || u32_at(h, 8) != SEGMENT_VERSION
-        || u64_at(h, 24) != xxh3_64(&h[0..24])
-    {
+    if &h[0..8] != SEGMENT_MAGIC {
         return Header::Invalid;
     }
-    Header::Of(u64_at(h, 16))
+    match u32_at(h, 8) {
+        1 if u64_at(h, 24) == xxh3_64(&h[0..24]) => Header::Of {
+            database_id: u64_at(h, 16),
+            log_id: None,
+        },
+        SEGMENT_VERSION if u64_at(h, 32) == xxh3_64(&h[0..32]) => Header::Of {
+            database_id: u64_at(h, 16),
+            log_id: Some(u64_at(h, 24)),
+        },
+        _ => Header::Invalid,
+    }
 }
 
 /// A frame, padded to [`ALIGN`].
@@ -315,13 +329,38 @@ mod tests {
     }
 
     #[test]
-    fn the_header_names_its_database_and_detects_damage() {
-        let h = encode_header(77);
-        assert_eq!(decode_header(&h), Header::Of(77));
-        let mut bad = h.clone();
-        bad[17] ^= 4;
-        assert_eq!(decode_header(&bad), Header::Invalid);
+    fn the_header_names_its_database_and_log_and_detects_damage() {
+        let h = encode_header(77, 5);
+        assert_eq!(
+            decode_header(&h),
+            Header::Of {
+                database_id: 77,
+                log_id: Some(5)
+            }
+        );
+        for byte in 0..40 {
+            let mut bad = h.clone();
+            bad[byte] ^= 0x20;
+            assert_eq!(decode_header(&bad), Header::Invalid, "byte {byte}");
+        }
         assert_eq!(decode_header(&[0u8; 512]), Header::Invalid);
         assert_eq!(decode_header(&h[..10]), Header::Invalid);
+    }
+
+    #[test]
+    fn a_version_1_header_has_no_log_identity() {
+        let mut h = vec![0u8; 512];
+        h[0..8].copy_from_slice(SEGMENT_MAGIC);
+        h[8..12].copy_from_slice(&1u32.to_le_bytes());
+        h[16..24].copy_from_slice(&77u64.to_le_bytes());
+        let sum = xxh3_64(&h[0..24]);
+        h[24..32].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(
+            decode_header(&h),
+            Header::Of {
+                database_id: 77,
+                log_id: None
+            }
+        );
     }
 }

@@ -9,27 +9,57 @@
 
 mod frame;
 mod recover;
+mod scan;
+mod state;
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::StorageBackend;
 
+use crate::error::Error;
 pub(crate) use frame::Effect;
 pub(crate) use frame::fits;
 use frame::{HEADER_LEN, encode_frame, encode_header};
-pub(crate) use recover::{Recovered, check_not_orphaned, open_log};
+pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
+pub(crate) use state::LogState;
 
 /// The log file preallocated at creation, and the step it grows by: zero-filled, so that an
 /// append's `fdatasync` has no block allocation or file size to write.
 const GROW_STEP: u64 = 1 << 20;
 
+/// The log file as an open finds it.
+pub(crate) enum LogFile {
+    /// Open for reading and writing: a file, or a storage backend (`path: None`).
+    Open {
+        file: Box<dyn StorageBackend>,
+        path: Option<PathBuf>,
+    },
+    /// No file at `path`: created only once the open goes ahead (a refused open creates
+    /// nothing).
+    Absent { path: PathBuf },
+}
+
+impl LogFile {
+    fn path(&self) -> Option<&Path> {
+        match self {
+            LogFile::Open { path, .. } => path.as_deref(),
+            LogFile::Absent { path } => Some(path),
+        }
+    }
+}
+
 /// The log of one open database. Owned by the writer's leader state: appends and
 /// checkpoints are serialised by the leader lock.
 pub(crate) struct Log {
     file: Box<dyn StorageBackend>,
+    path: Option<PathBuf>,
     database_id: u64,
+    /// Its identity and the checkpoint it was created at (as recorded in the database).
+    id: u64,
+    since: u64,
     /// Where the next frame goes.
     end: u64,
     /// The file's zero-filled length.
@@ -39,7 +69,6 @@ pub(crate) struct Log {
     /// For `stats` (read without the leader lock).
     gauges: LogGauges,
 }
-
 /// The log's file length and the bytes of frames since the last checkpoint, kept current
 /// for `stats` (which must not wait for the leader lock).
 #[derive(Clone, Default)]
@@ -70,22 +99,53 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    /// Appends one frame holding `effects` and waits for it to be durable. An error leaves
-    /// the frame's durability unknown: the caller must stop writing (a failed `fdatasync` is
-    /// never retried).
-    pub(crate) fn append(&mut self, effects: &[Effect]) -> io::Result<()> {
+    /// The log in `file`, as the database records it in `state`, after the checkpoint
+    /// `last_seq`: the next frame is written at its start.
+    fn opened(
+        file: Box<dyn StorageBackend>,
+        path: Option<PathBuf>,
+        database_id: u64,
+        state: LogState,
+        last_seq: u64,
+    ) -> Log {
+        let log = Log {
+            file,
+            path,
+            database_id,
+            id: state.id,
+            since: state.since,
+            end: HEADER_LEN,
+            len: state.len,
+            last_seq,
+            gauges: LogGauges::default(),
+        };
+        log.gauges.set(log.len, 0);
+        log
+    }
+
+    /// Appends one frame holding `effects` and waits for it to be durable: `Ok(true)`.
+    /// `Ok(false)` when the frame did not fit: nothing was appended, and the file was grown
+    /// (zero-filled and synced) to hold it; the batch's durability point must then be a
+    /// durable commit, which records the new length (a cut log is told by its length, so no
+    /// frame lies past the length the database recorded). An error leaves the frame's
+    /// durability unknown: the caller must stop writing (a failed `fdatasync` is never
+    /// retried).
+    pub(crate) fn append(&mut self, effects: &[Effect]) -> Result<bool, Error> {
         let seq = self.last_seq + 1;
         let frame = encode_frame(seq, self.database_id, effects);
         let end = self.end + frame.len() as u64;
         if end > self.len {
             self.grow(end)?;
+            return Ok(false);
         }
-        self.file.write(self.end, &frame)?;
-        self.file.sync_data()?;
+        self.file
+            .write(self.end, &frame)
+            .map_err(|e| self.error("write", e))?;
+        self.file.sync_data().map_err(|e| self.error("sync", e))?;
         self.end = end;
         self.last_seq = seq;
         self.gauges.set(self.len, self.bytes_since_checkpoint());
-        Ok(())
+        Ok(true)
     }
 
     /// Bytes of frames not yet covered by a checkpoint.
@@ -96,6 +156,16 @@ impl Log {
     /// The sequence number a checkpoint taken now records.
     pub(crate) fn last_seq(&self) -> u64 {
         self.last_seq
+    }
+
+    /// What a durable commit taken now records of the log: with `in_use`, until a clean close.
+    pub(crate) fn state(&self, in_use: bool) -> LogState {
+        LogState {
+            id: self.id,
+            len: self.len,
+            since: self.since,
+            in_use,
+        }
     }
 
     /// A durable redb commit recorded `last_seq`: every frame is redundant, and the next one
@@ -111,19 +181,28 @@ impl Log {
         self.gauges.clone()
     }
 
-    /// Extends the zero-filled file to hold `need` bytes, at least doubling it. The
-    /// append's `fdatasync` makes it durable together with the frame.
-    fn grow(&mut self, need: u64) -> io::Result<()> {
+    /// Extends the zero-filled file to hold `need` bytes, at least doubling it, durably.
+    fn grow(&mut self, need: u64) -> Result<(), Error> {
         let target = need.max(self.len.saturating_mul(2)).div_ceil(GROW_STEP) * GROW_STEP;
-        zero_fill(&*self.file, self.len, target)?;
+        zero_fill(&*self.file, self.len, target).map_err(|e| self.error("grow", e))?;
+        self.file.sync_data().map_err(|e| self.error("sync", e))?;
         self.len = target;
+        self.gauges.set(self.len, self.bytes_since_checkpoint());
         Ok(())
+    }
+
+    fn error(&self, action: &'static str, e: io::Error) -> Error {
+        log_io(self.path.as_deref(), action, e)
     }
 }
 
-/// An I/O error of the log, as a storage error.
-pub(crate) fn io_error(e: io::Error) -> crate::error::Error {
-    crate::error::Error::Storage(std::sync::Arc::new(redb::Error::Io(e)))
+/// An I/O error of the log at `path`.
+pub(crate) fn log_io(path: Option<&Path>, action: &'static str, e: io::Error) -> Error {
+    Error::LogIo {
+        log: path.map(Path::to_path_buf),
+        action,
+        source: Arc::new(e),
+    }
 }
 
 /// Writes zeros over `from..to`.
@@ -138,9 +217,21 @@ fn zero_fill(file: &dyn StorageBackend, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes a fresh log: header and a zero-filled first step, durable before any frame.
-fn create(file: &dyn StorageBackend, database_id: u64) -> io::Result<u64> {
-    file.write(0, &encode_header(database_id))?;
+/// Makes the entries of `path`'s directory durable: a file created there survives a power
+/// loss only once its name does.
+pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Writes a fresh log over `file`: its old content dropped, then the header and a zero-filled
+/// first step, durable before the database records it (and so before any frame).
+fn create(file: &dyn StorageBackend, database_id: u64, log_id: u64) -> io::Result<u64> {
+    file.set_len(0)?;
+    file.write(0, &encode_header(database_id, log_id))?;
     zero_fill(file, HEADER_LEN, GROW_STEP)?;
     file.sync_data()?;
     Ok(GROW_STEP)

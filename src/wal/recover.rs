@@ -1,133 +1,290 @@
 //! Recovery at open: the frames after the checkpoint are replayed into redb in one durable
-//! transaction, which is the next checkpoint.
+//! transaction, which is the next checkpoint, unless the two files carry evidence that the
+//! log lacks what the database relies on (scan.rs): then the open is refused and nothing is
+//! changed, or, when the caller accepts the loss, every intact frame is kept, the token
+//! ceiling is raised past every token the files could know of, and the loss is noted.
 //!
-//! redb comes back at its last durable commit, which recorded the checkpoint `c`. The log
-//! holds, from its start, a run of frames with consecutive sequence numbers; the ones above
-//! `c` are replayed, and the run must then start at `c + 1`. The run ends at the first frame
-//! that is torn, zeroed, damaged, or older than its predecessor (one left from before a
-//! recycle). A torn tail is the normal result of a crash mid-append, never an error; but a
-//! valid frame newer than the run anywhere past its end means a frame that was once durable
-//! is damaged: the database is `Corrupted`, and nothing is replayed.
+//! A log the database does not record as its own (a new database, a format-4 file, a
+//! cleanly closed database whose log was removed, cut or replaced, an accepted loss) is
+//! replaced by a fresh one once what it holds is durable in redb. The order keeps a crash at
+//! any step recoverable: the replay commit marks the old log as no longer needed (not in
+//! use) before it is replaced, and the database records the new log only after its creation
+//! is durable.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition};
 
-use super::frame::{Effect, Frame, HEADER_LEN, Header, decode_frame, decode_header, encode_header};
-use super::{Log, LogGauges, create};
+use super::frame::{Effect, Frame, HEADER_LEN, Header, decode_header};
+use super::scan::{Recorded, Seen, examine};
+use super::state::{LogState, read_losses, read_state, record_loss};
+use super::{Log, LogFile, create, log_io};
 use crate::error::Error;
-use crate::meta::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
+use crate::log_problem::LogProblem;
+use crate::meta::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX, TOKEN_BLOCK};
+use crate::record::Record;
 use crate::retention::partition::PartitionName;
+use crate::stats::LogLoss;
 use crate::tables::TableRegistry;
 
+/// Added to the token ceiling when a loss is accepted, above every token found in the two
+/// files: tokens issued by a database file that was rolled back are not in it, and this many
+/// more than any it shows is more than any run issues (at a million tokens a second, 12 days).
+const LOSS_MARGIN: u64 = 1 << 40;
+
 /// What recovery did at open.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Recovered {
     /// Frames replayed into redb.
     pub(crate) frames: u64,
+    /// The loss this open accepted, if it accepted one.
+    pub(crate) accepted: Option<LogProblem>,
+    /// Losses accepted over the database's life (this one included), and the last.
+    pub(crate) losses: u64,
+    pub(crate) last_loss: Option<LogLoss>,
+    /// The first token to issue: above every token issued before.
+    pub(crate) next_token: u64,
+    /// The token ceiling now durable, a block above `next_token`.
+    pub(crate) token_ceiling: u64,
 }
 
-/// Opens the log of the open database `db` (whose identity is `database_id`), creating it if
-/// missing, and replays what redb lacks.
+/// How the open was asked to treat the log.
+pub(crate) struct Opening<'a> {
+    pub(crate) database_id: u64,
+    pub(crate) tables: &'a TableRegistry,
+    /// Open even if the log lacks acknowledged outcomes ([`LogProblem::can_accept`]).
+    pub(crate) accept_loss: bool,
+    /// The database clock's time, for the loss note.
+    pub(crate) now_ms: u64,
+    /// The meta entry `format_version` to write with the log's record.
+    pub(crate) format_version: u32,
+}
+
+/// Opens the log of the open database `db`, replays what redb lacks, and records the log as
+/// in use. Refuses (changing nothing) a log that proves acknowledged outcomes missing.
 pub(crate) fn open_log(
     db: &Database,
-    file: Box<dyn StorageBackend>,
-    database_id: u64,
-    tables: &TableRegistry,
+    file: LogFile,
+    how: &Opening<'_>,
 ) -> Result<(Log, Recovered), Error> {
-    let checkpoint = read_checkpoint(db)?;
-    let len = file.len().map_err(io)?;
-    let mut log = Log {
-        file,
-        database_id,
-        end: HEADER_LEN,
-        len,
-        last_seq: checkpoint,
-        gauges: LogGauges::default(),
+    let path = file.path().map(Path::to_path_buf);
+    let recorded = read_recorded(db)?;
+    let (file, seen) = match file {
+        LogFile::Open { file, .. } => {
+            let bytes = read_all(&*file).map_err(|e| log_io(path.as_deref(), "read", e))?;
+            let seen = Seen::read(Some(&bytes), how.database_id);
+            (Some(file), seen)
+        }
+        LogFile::Absent { .. } => (None, Seen::read(None, how.database_id)),
     };
-    if len < HEADER_LEN {
-        log.len = create(&*log.file, database_id).map_err(io)?;
-        log.gauges.set(log.len, 0);
-        return Ok((log, Recovered::default()));
-    }
-    log.gauges.set(len, 0);
-    let mut bytes = vec![0u8; usize::try_from(len).map_err(|_| too_big())?];
-    log.file.read(0, &mut bytes).map_err(io)?;
-    let header = decode_header(&bytes);
-    if let Header::Of(other) = header
-        && other != database_id
-    {
-        return Err(Error::Corrupted(format!(
-            "the log belongs to another database (identity {other:016x}, this one is \
-             {database_id:016x}): it was copied or renamed beside the wrong file"
-        )));
-    }
-    let frames = scan(&bytes, database_id, checkpoint)?;
-    let recovered = Recovered {
+    let accepted = match examine(&seen, how.database_id, &recorded.log) {
+        None => None,
+        Some(problem) if how.accept_loss && problem.can_accept() => Some(problem),
+        Some(problem) => {
+            return Err(Error::LogRefused { log: path, problem });
+        }
+    };
+    let c = recorded.log.checkpoint;
+    let frames = if accepted.is_some() {
+        seen.every_frame_above(c)
+    } else {
+        seen.run_above(c)
+    };
+    let checkpoint = match &accepted {
+        // Sequence numbers go on above every frame either file has seen.
+        Some(_) => c.max(seen.newest_seq()),
+        None => frames.last().map_or(c, |f| f.seq),
+    };
+    let state = recorded.log.state;
+    let keep = accepted.is_none()
+        && state.is_some_and(|s| {
+            seen.header
+                == Header::Of {
+                    database_id: how.database_id,
+                    log_id: Some(s.id),
+                }
+                && seen.len >= s.len
+        });
+    // Tokens resume above the ceiling and above every token the log's intact frames show (a
+    // database file restored from a copy has an older ceiling; a format-4 log may have raised
+    // it); accepting a loss adds a margin for what the two files do not show.
+    let shown = token_bound(&seen).max(recorded.ceiling);
+    let next_token = match &accepted {
+        Some(_) => shown.saturating_add(LOSS_MARGIN),
+        None => shown,
+    };
+    let token_ceiling = next_token.saturating_add(TOKEN_BLOCK);
+    let ceiling = |meta: &mut MetaTable<'_>| -> Result<(), Error> {
+        meta.insert(NEXT_TOKEN_KEY, &token_ceiling.to_le_bytes()[..])?;
+        Ok(())
+    };
+    let mut recovered = Recovered {
         frames: frames.len() as u64,
+        accepted: accepted.clone(),
+        losses: recorded.losses,
+        last_loss: recorded.last_loss.clone(),
+        next_token,
+        token_ceiling,
     };
-    if let Some(last) = frames.last().map(|f| f.seq) {
-        replay(db, &frames, last, tables)?;
-        log.last_seq = last;
+    if let Some(problem) = &accepted {
+        recovered.losses += 1;
+        recovered.last_loss = Some(LogLoss {
+            at_ms: how.now_ms,
+            what: format!("the write-ahead log {problem}"),
+        });
     }
-    if header == Header::Invalid {
-        // Never written whole (a crash while the log was created), or damaged: every frame
-        // it held is in redb now.
-        log.file
-            .write(0, &encode_header(database_id))
-            .and_then(|()| log.file.sync_data())
-            .map_err(io)?;
-    }
+
+    let (file, record, replay) = if keep {
+        let (Some(file), Some(s)) = (file, state) else {
+            return Err(Error::Internal("a kept log has no file".into()));
+        };
+        let record = LogState {
+            len: seen.len,
+            in_use: true,
+            ..s
+        };
+        (file, record, frames)
+    } else {
+        // The log is replaced: first everything it holds that the file lacks becomes durable
+        // in redb, and the database stops relying on it (a crash after this commit opens
+        // cleanly).
+        if !frames.is_empty() || accepted.is_some() || state.is_some_and(|s| s.in_use) {
+            commit(db, &frames, checkpoint, how, |meta| {
+                if let Some(s) = state {
+                    LogState { in_use: false, ..s }.write(meta)?;
+                }
+                if let (Some(loss), Some(_)) = (&recovered.last_loss, &accepted) {
+                    ceiling(meta)?;
+                    record_loss(meta, loss.at_ms, &loss.what)?;
+                }
+                Ok(())
+            })?;
+        }
+        let file = match file {
+            Some(file) => file,
+            None => create_file(path.as_deref())?,
+        };
+        let id = random_id()?;
+        let len = create(&*file, how.database_id, id)
+            .map_err(|e| log_io(path.as_deref(), "create", e))?;
+        let record = LogState {
+            id,
+            len,
+            since: checkpoint,
+            in_use: true,
+        };
+        (file, record, Vec::new())
+    };
+    // Every open ends with a durable commit that records the log (a new one only once it is
+    // durable: the database never names a log that a crash could take back), and raises the
+    // token ceiling a block above where tokens resume, so that the first batches need no
+    // durable commit of their own.
+    commit(db, &replay, checkpoint, how, |meta| {
+        record.write(meta)?;
+        ceiling(meta)
+    })?;
+    let log = Log::opened(file, path, how.database_id, record, checkpoint);
     Ok((log, recovered))
 }
 
-/// The frames above `checkpoint`, in order; `Corrupted` if the log proves one is missing.
-fn scan(bytes: &[u8], database_id: u64, checkpoint: u64) -> Result<Vec<Frame>, Error> {
-    let mut at = HEADER_LEN as usize;
-    let mut run: Vec<Frame> = Vec::new();
-    let mut last: Option<u64> = None;
-    while let Some(frame) = bytes.get(at..).and_then(|b| decode_frame(b, database_id)) {
-        if last.is_some_and(|l| frame.seq != l + 1) {
-            break;
-        }
-        last = Some(frame.seq);
-        at += frame.len as usize;
-        if frame.seq > checkpoint {
-            run.push(frame);
-        }
-    }
-    let newest = last.unwrap_or(0).max(checkpoint);
-    if let Some(first) = run.first()
-        && first.seq != checkpoint + 1
-    {
-        return Err(Error::Corrupted(format!(
-            "the log's frames resume at {} but the database was checkpointed at {checkpoint}: \
-             frames in between are lost",
-            first.seq
-        )));
-    }
-    // Past the end of the run, only frames older than it may be valid: those left from
-    // before the log was last recycled.
-    let mut probe = at;
-    while probe < bytes.len() {
-        if let Some(f) = decode_frame(&bytes[probe..], database_id)
-            && f.seq > newest
-        {
-            return Err(Error::Corrupted(format!(
-                "the log's frame at offset {at} is damaged but frame {} at offset {probe} \
-                 is intact: a durable frame was lost",
-                f.seq
-            )));
-        }
-        probe += super::frame::ALIGN as usize;
-    }
-    Ok(run)
+/// Creates the log file at `path` (it did not exist), and makes its name durable.
+fn create_file(path: Option<&Path>) -> Result<Box<dyn StorageBackend>, Error> {
+    let Some(path) = path else {
+        return Err(Error::Internal("an absent log without a path".into()));
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| log_io(Some(path), "create", e))?;
+    super::sync_dir(path).map_err(|e| log_io(Some(path), "sync the directory of", e))?;
+    Ok(Box::new(redb::backends::FileBackend::new(file)?))
 }
 
-/// Applies `frames` and records `last` as the checkpoint, in one durable transaction: a crash
-/// during recovery leaves redb as it was, and the log untouched.
-fn replay(db: &Database, frames: &[Frame], last: u64, tables: &TableRegistry) -> Result<(), Error> {
+fn random_id() -> Result<u64, Error> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Entropy(e.to_string()))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+fn read_all(file: &dyn StorageBackend) -> std::io::Result<Vec<u8>> {
+    let len = file.len()?;
+    let len = usize::try_from(len)
+        .map_err(|_| std::io::Error::other("the log is larger than this platform can address"))?;
+    let mut bytes = vec![0u8; len];
+    file.read(0, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// What the database file says of its log, token ceiling and accepted losses.
+struct Known {
+    log: Recorded,
+    ceiling: u64,
+    losses: u64,
+    last_loss: Option<LogLoss>,
+}
+
+fn read_recorded(db: &Database) -> Result<Known, Error> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let u64_entry = |key: &str| -> Result<Option<u64>, Error> {
+        meta.get(key)?
+            .map(|v| {
+                v.value()
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| Error::Corrupted(format!("the meta entry {key:?} is not 8 bytes")))
+            })
+            .transpose()
+    };
+    let (losses, last_loss) = read_losses(&meta)?;
+    Ok(Known {
+        log: Recorded {
+            checkpoint: u64_entry(CHECKPOINT_KEY)?.unwrap_or(0),
+            state: read_state(&meta)?,
+        },
+        ceiling: u64_entry(NEXT_TOKEN_KEY)?.unwrap_or(1),
+        losses,
+        last_loss,
+    })
+}
+
+/// Above every token the log's intact frames show: in records they store, or ceilings they
+/// set (format 4).
+fn token_bound(seen: &Seen) -> u64 {
+    let mut bound = 0;
+    for effect in seen.all_frames().flat_map(|f| &f.effects) {
+        let above = match effect {
+            Effect::Put { table, value, .. } if is_record_table(table) => Record::decode(value)
+                .map(|r| r.token.get().saturating_add(1))
+                .unwrap_or(0),
+            Effect::Ceiling(c) => *c,
+            _ => 0,
+        };
+        bound = bound.max(above);
+    }
+    bound
+}
+
+fn is_record_table(name: &str) -> bool {
+    name == redb::TableHandle::name(&INFLIGHT) || PartitionName::parse(name).is_some()
+}
+
+type MetaTable<'t> = redb::Table<'t, &'static str, &'static [u8]>;
+
+/// Applies `frames` and records `checkpoint` (with `extra` meta writes and the current format
+/// version), in one durable transaction: a crash during recovery leaves redb as it was, and
+/// the log untouched.
+fn commit(
+    db: &Database,
+    frames: &[&Frame],
+    checkpoint: u64,
+    how: &Opening<'_>,
+    extra: impl FnOnce(&mut MetaTable<'_>) -> Result<(), Error>,
+) -> Result<(), Error> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
@@ -137,10 +294,10 @@ fn replay(db: &Database, frames: &[Frame], last: u64, tables: &TableRegistry) ->
             match effect {
                 // Caller tables cannot have idemdb's prefix (Tx refuses it).
                 Effect::Put { table, key, value } if !table.starts_with(RESERVED_PREFIX) => {
-                    tables.replay(&txn, table, key, Some(value))?;
+                    how.tables.replay(&txn, table, key, Some(value))?;
                 }
                 Effect::Remove { table, key } if !table.starts_with(RESERVED_PREFIX) => {
-                    tables.replay(&txn, table, key, None)?;
+                    how.tables.replay(&txn, table, key, None)?;
                 }
                 Effect::Put { table, key, value } => {
                     open(&txn, &mut open_tables, table)?
@@ -154,7 +311,9 @@ fn replay(db: &Database, frames: &[Frame], last: u64, tables: &TableRegistry) ->
                 }
             }
         }
-        meta.insert(CHECKPOINT_KEY, &last.to_le_bytes()[..])?;
+        meta.insert(CHECKPOINT_KEY, &checkpoint.to_le_bytes()[..])?;
+        crate::meta::write_format_version(&mut meta, how.format_version)?;
+        extra(&mut meta)?;
     }
     txn.commit()?;
     Ok(())
@@ -175,7 +334,7 @@ fn open<'a, 't>(
 
 /// A record table named in a frame: the in-flight table or a partition, never another.
 fn record_table(name: &str) -> Result<TableDefinition<'_, &'static [u8], &'static [u8]>, Error> {
-    if name == redb::TableHandle::name(&INFLIGHT) || PartitionName::parse(name).is_some() {
+    if is_record_table(name) {
         Ok(TableDefinition::new(name))
     } else {
         Err(Error::Corrupted(format!(
@@ -184,110 +343,31 @@ fn record_table(name: &str) -> Result<TableDefinition<'_, &'static [u8], &'stati
     }
 }
 
-/// The checkpoint recorded in meta: 0 before the first.
-pub(crate) fn read_checkpoint(db: &Database) -> Result<u64, Error> {
-    let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
-    Ok(match meta.get(CHECKPOINT_KEY)? {
-        Some(v) => {
-            let b: [u8; 8] = v
-                .value()
-                .try_into()
-                .map_err(|_| Error::Corrupted("the log checkpoint is not 8 bytes".into()))?;
-            u64::from_le_bytes(b)
-        }
-        None => 0,
-    })
-}
-
 /// Refuses to create a database whose file is missing or empty while its log has a valid
 /// header: the log alone holds only what followed the last checkpoint, so starting afresh
 /// would silently drop every record.
-pub(crate) fn check_not_orphaned(db_len: u64, log: &dyn StorageBackend) -> Result<(), Error> {
+pub(crate) fn check_not_orphaned(
+    db_len: u64,
+    log: &dyn StorageBackend,
+    path: Option<&Path>,
+) -> Result<(), Error> {
     if db_len > 0 {
         return Ok(());
     }
-    let len = log.len().map_err(io)?;
+    let len = log.len().map_err(|e| log_io(path, "read", e))?;
     if len < HEADER_LEN {
         return Ok(());
     }
     let mut head = vec![0u8; HEADER_LEN as usize];
-    log.read(0, &mut head).map_err(io)?;
+    log.read(0, &mut head)
+        .map_err(|e| log_io(path, "read", e))?;
     match decode_header(&head) {
         Header::Invalid => Ok(()),
-        Header::Of(id) => Err(Error::Corrupted(format!(
-            "the database file is missing or empty but its log (of database {id:016x}) is \
-             there: restore the file, or delete the log to start an empty database"
-        ))),
-    }
-}
-
-use super::io_error as io;
-
-fn too_big() -> Error {
-    Error::Corrupted("the log is larger than this platform can address".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wal::frame::encode_frame;
-
-    fn effect(n: u8) -> Vec<Effect> {
-        vec![Effect::Put {
-            table: "idemdb_inflight".into(),
-            key: vec![n],
-            value: vec![n; 700],
-        }]
-    }
-
-    fn log_of(seqs: &[u64]) -> Vec<u8> {
-        let mut bytes = encode_header(5);
-        for &s in seqs {
-            bytes.extend(encode_frame(s, 5, &effect(s as u8)));
-        }
-        bytes.resize(bytes.len() + 4096, 0);
-        bytes
-    }
-
-    fn seqs(frames: &[Frame]) -> Vec<u64> {
-        frames.iter().map(|f| f.seq).collect()
-    }
-
-    #[test]
-    fn frames_above_the_checkpoint_are_replayed_in_order() {
-        let bytes = log_of(&[4, 5, 6, 7]);
-        assert_eq!(seqs(&scan(&bytes, 5, 5).unwrap()), [6, 7]);
-        assert_eq!(seqs(&scan(&bytes, 5, 3).unwrap()), [4, 5, 6, 7]);
-        assert!(scan(&bytes, 5, 7).unwrap().is_empty());
-    }
-
-    #[test]
-    fn an_older_frame_left_from_before_a_recycle_ends_the_run() {
-        // 9 and 10 were written at the start after a checkpoint at 8; 3.. are left behind.
-        let mut bytes = log_of(&[3, 4, 5, 6, 7, 8]);
-        let new = log_of(&[9, 10]);
-        let n = new.len() - 4096;
-        bytes[..n].copy_from_slice(&new[..n]);
-        assert_eq!(seqs(&scan(&bytes, 5, 8).unwrap()), [9, 10]);
-    }
-
-    #[test]
-    fn a_gap_after_the_checkpoint_is_corruption() {
-        let bytes = log_of(&[7, 8]);
-        assert!(matches!(scan(&bytes, 5, 5), Err(Error::Corrupted(_))));
-    }
-
-    #[test]
-    fn a_damaged_frame_followed_by_an_intact_one_is_corruption() {
-        let mut bytes = log_of(&[1, 2, 3]);
-        let second = HEADER_LEN as usize + encode_frame(1, 5, &effect(1)).len();
-        bytes[second + 40] ^= 1;
-        assert!(matches!(scan(&bytes, 5, 0), Err(Error::Corrupted(_))));
-        // The same damage to the last frame is a torn tail.
-        let mut bytes = log_of(&[1, 2, 3]);
-        let third = second + encode_frame(2, 5, &effect(2)).len();
-        bytes[third + 40] ^= 1;
-        assert_eq!(seqs(&scan(&bytes, 5, 0).unwrap()), [1, 2]);
+        Header::Of { database_id, .. } => Err(Error::LogRefused {
+            log: path.map(PathBuf::from),
+            problem: LogProblem::DatabaseMissing {
+                database: database_id,
+            },
+        }),
     }
 }

@@ -9,7 +9,7 @@ use crate::config::Limits;
 use crate::decide::{Decision, Replay, check_owner, decide, new_owner};
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::meta::{META, NEXT_TOKEN_KEY};
+use crate::meta::{META, NEXT_TOKEN_KEY, TOKEN_BLOCK};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
@@ -89,11 +89,6 @@ impl Applied {
     }
 }
 
-/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling, rewritten only
-/// when issued tokens reach it, so most batches skip the meta write. After a reopen, tokens
-/// resume at the ceiling; up to this many are skipped, never reused.
-pub(super) const TOKEN_BLOCK: u64 = 4096;
-
 /// One applied, not yet committed transaction of a batch.
 pub(super) struct Segment {
     pub(super) txn: WriteTransaction,
@@ -127,7 +122,9 @@ pub(super) fn apply_segment(
         records.finish()
     };
     // Every token in a committed record must be below a ceiling committed with it (or
-    // before it). Tokens of an acquisition that rolls back are skipped, never exposed.
+    // before it). Tokens of an acquisition that rolls back are skipped, never exposed. A
+    // raised ceiling is not logged: the batch takes a durable commit, so that the database
+    // file alone bounds every token ever issued, whatever happens to the log.
     let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
     let mut ceiling = None;
     if commits && *ctx.next_token > token_ceiling {
@@ -135,9 +132,8 @@ pub(super) fn apply_segment(
         txn.open_table(META)?
             .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
         ceiling = Some(raised);
-        effects.push(Effect::Ceiling(raised));
     }
-    let mut logged = true;
+    let mut logged = ceiling.is_none();
     for a in &mut applied {
         logged &= !a.business.unlogged;
         effects.append(&mut a.business.effects);

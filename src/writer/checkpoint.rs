@@ -11,11 +11,10 @@ use std::time::Instant;
 
 use redb::WriteTransaction;
 
-use super::Writer;
+use super::{LeaderState, Writer};
 use crate::error::Error;
-use crate::meta::{CHECKPOINT_KEY, META};
+use crate::meta::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY, TOKEN_BLOCK};
 use crate::stats::Counter;
-use crate::wal::Log;
 
 impl Writer {
     /// Takes a checkpoint if frames follow the last one. A failed commit poisons the writer,
@@ -27,7 +26,7 @@ impl Writer {
             return Ok(());
         }
         let started = Instant::now();
-        let done = catch_unwind(AssertUnwindSafe(|| self.durable_commit(&mut leader.log)))
+        let done = catch_unwind(AssertUnwindSafe(|| self.durable_commit(&mut leader)))
             .unwrap_or_else(|_| Err(Error::Poisoned("a checkpoint panicked".into())));
         drop(leader);
         if let Err(e) = done {
@@ -38,11 +37,23 @@ impl Writer {
         Ok(())
     }
 
+    /// At close, after the last batch: a checkpoint that also records the log as no longer in
+    /// use, so that the next open needs nothing from it. Not after a failure: then the log
+    /// may hold what redb lacks, and stays in use.
+    pub(crate) fn close_log(&self) -> Result<(), Error> {
+        let mut leader = self.leader.lock();
+        if self.engine.is_poisoned() {
+            return Ok(());
+        }
+        let txn = self.begin_durable()?;
+        self.commit_as_checkpoint(txn, &mut leader, false)
+    }
+
     /// One durable redb commit: it covers every `Durability::None` commit before it and
     /// records the newest frame, after which the log starts over. The caller holds the leader
-    /// lock (`log` is in its state) and poisons the engine on an error.
-    pub(super) fn durable_commit(&self, log: &mut Log) -> Result<(), Error> {
-        self.commit_as_checkpoint(self.begin_durable()?, log)
+    /// lock and poisons the engine on an error.
+    pub(super) fn durable_commit(&self, leader: &mut LeaderState) -> Result<(), Error> {
+        self.commit_as_checkpoint(self.begin_durable()?, leader, true)
     }
 
     /// A write transaction that commits durably (quick-repair as configured).
@@ -52,16 +63,32 @@ impl Writer {
         Ok(txn)
     }
 
-    /// Commits `txn` durably with the newest frame recorded in it: a checkpoint.
+    /// Commits `txn` durably as a checkpoint: with the newest frame, the log's record (`in_use`
+    /// until a clean close) and, when fewer than half a block of tokens remain below it, a
+    /// token ceiling one block above the counter, so that batches seldom need a durable
+    /// commit of their own to raise it (design.md §7).
     pub(super) fn commit_as_checkpoint(
         &self,
         txn: WriteTransaction,
-        log: &mut Log,
+        leader: &mut LeaderState,
+        in_use: bool,
     ) -> Result<(), Error> {
-        txn.open_table(META)?
-            .insert(CHECKPOINT_KEY, &log.last_seq().to_le_bytes()[..])?;
+        let raise = leader.next_token.saturating_add(TOKEN_BLOCK / 2) > leader.token_ceiling;
+        let ceiling = leader.next_token.saturating_add(TOKEN_BLOCK);
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(CHECKPOINT_KEY, &leader.log.last_seq().to_le_bytes()[..])?;
+            leader.log.state(in_use).write(&mut meta)?;
+            if raise {
+                meta.insert(NEXT_TOKEN_KEY, &ceiling.to_le_bytes()[..])?;
+            }
+        }
         txn.commit()?;
-        log.checkpointed();
+        // In-memory state follows the commit (I19).
+        if raise {
+            leader.token_ceiling = ceiling;
+        }
+        leader.log.checkpointed();
         self.engine.stats.add(Counter::Checkpoints);
         Ok(())
     }

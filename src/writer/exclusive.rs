@@ -41,7 +41,7 @@ impl Writer {
             }
         };
         // A durable commit covers every frame: it is a checkpoint.
-        self.commit_as_checkpoint(txn, &mut leader.log)
+        self.commit_as_checkpoint(txn, &mut leader, true)
             .map_err(fail)?;
         publish(&out);
         engine.snapshots.refresh();

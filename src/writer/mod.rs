@@ -51,7 +51,7 @@ pub(crate) struct Writer {
     leader: Mutex<LeaderState>,
 }
 
-struct LeaderState {
+pub(super) struct LeaderState {
     next_token: u64,
     /// The committed ceiling: every token in a committed record is below it.
     token_ceiling: u64,
@@ -64,6 +64,7 @@ impl Writer {
         engine: Arc<Engine>,
         config: WriterConfig,
         next_token: u64,
+        token_ceiling: u64,
         log: Log,
     ) -> Self {
         Writer {
@@ -74,7 +75,7 @@ impl Writer {
             room: Condvar::new(),
             leader: Mutex::new(LeaderState {
                 next_token,
-                token_ceiling: next_token,
+                token_ceiling,
                 batch_seq: 0,
                 log,
             }),
@@ -319,13 +320,19 @@ impl Writer {
         }
         // The durability point: nobody is answered before it returned.
         if committed {
-            let durable = if logged && crate::wal::fits(&effects) {
-                leader.log.append(&effects).map_err(crate::wal::io_error)
+            let appended = if logged && crate::wal::fits(&effects) {
+                leader.log.append(&effects)
             } else {
-                // A closure wrote a table the log cannot replay (or the frame would be over
-                // 1 GiB): one durable commit covers the batch, and every frame before it (a
-                // checkpoint).
-                self.durable_commit(&mut leader.log)
+                Ok(false)
+            };
+            // Otherwise one durable commit covers the batch, and every frame before it (a
+            // checkpoint): a closure wrote a table the log cannot replay, the frame would be
+            // over 1 GiB, the log had to grow for it (the commit records the new length), or
+            // the batch raised the token ceiling (the database file alone bounds every token).
+            let durable = match appended {
+                Ok(true) => Ok(()),
+                Ok(false) => self.durable_commit(leader),
+                Err(e) => Err(e),
             };
             if let Err(e) = durable {
                 return self.fail_batch(e, n);
@@ -336,7 +343,7 @@ impl Writer {
             // The committer thread has fallen behind (starved of CPU): the leader takes the
             // checkpoint itself, so the log stays near its size. This batch is durable in the
             // log either way; a failed checkpoint poisons the engine for later writes.
-            if self.durable_commit(&mut leader.log).is_err() {
+            if self.durable_commit(leader).is_err() {
                 engine.poison();
             }
         }

@@ -197,3 +197,4 @@ pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
     disk
 }
 pub mod stores;
+pub mod worker;

@@ -8,7 +8,8 @@ use idemdb::{RecordState, Retention};
 
 use crate::errors::CliError;
 
-/// Operator tool for idemdb databases: inspect, scan, export, verify and compact a file.
+/// Operator tool for idemdb databases: inspect, scan, export, verify and compact a file, and
+/// accept a lost write-ahead log knowingly.
 ///
 /// The file must not be open in another process (redb locks it). Exit codes: 0 success;
 /// 1 no record (`get`) or problems found (`verify`); 2 usage; 3 missing file; 4 locked by
@@ -103,6 +104,15 @@ pub enum Command {
     /// One compaction pass now: drop expired partitions, sweep abandoned reservations, retire
     /// horizon sets.
     Compact {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// Open a database whose write-ahead log lacks acknowledged outcomes (missing, cut,
+    /// older, damaged), accepting the loss knowingly: every intact frame still in the log is
+    /// kept, fencing tokens restart above any that could have been issued, a fresh log is
+    /// started, and the loss is noted in the file (shown by `stats`). Retries of the lost
+    /// intents will run again. Does nothing to a database whose log is complete.
+    AcceptLogLoss {
         /// The database file.
         path: PathBuf,
     },

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::cli::{Global, key_bytes};
 use crate::errors::{CliError, code};
-use crate::open::open;
+use crate::open::{open, open_with};
 use crate::output::{Out, RecordView, duration, human_bytes, size, time};
 
 /// Output mode and stdout, shared by every command.
@@ -58,6 +58,11 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
                 "commit_latency_us": histogram(&s.commit_latency_us),
             },
             "retention": retention_json(retention, global),
+            "log_losses_accepted": s.log_losses_accepted,
+            "last_log_loss": s.last_log_loss.as_ref().map(|l| json!({
+                "at_ms": l.at_ms,
+                "what": l.what,
+            })),
         });
         ctx.out.json(&v)?;
         return Ok(code::OK);
@@ -88,6 +93,43 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
     for line in lines {
         ctx.say(&line)?;
     }
+    match &s.last_log_loss {
+        Some(loss) => ctx.say(&format!(
+            "log losses accepted {} (the last at {}: {})",
+            s.log_losses_accepted,
+            time(loss.at_ms),
+            loss.what
+        ))?,
+        None => ctx.say("log losses accepted 0")?,
+    }
+    Ok(code::OK)
+}
+
+/// Opens `path` accepting a loss of its log, and says what was accepted.
+pub fn accept_log_loss(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
+    let db = open_with(path, global.retention(), true)?;
+    let s = db.stats();
+    let accepted = db.accepted_log_loss().map(|p| p.to_string());
+    if ctx.json {
+        ctx.out.json(&json!({
+            "path": path.display().to_string(),
+            "accepted": accepted,
+            "frames_replayed": s.replayed_frames,
+            "log_losses_accepted": s.log_losses_accepted,
+        }))?;
+        return Ok(code::OK);
+    }
+    match accepted {
+        Some(what) => ctx.out.line(&format!(
+            "accepted: the write-ahead log {what}. Kept {} intact frames; fencing tokens \
+             restart above any issued before; a fresh log was started. Losses accepted over \
+             this file's life: {}.",
+            s.replayed_frames, s.log_losses_accepted
+        ))?,
+        None => ctx
+            .out
+            .line("nothing to accept: the write-ahead log is complete")?,
+    };
     Ok(code::OK)
 }
 

@@ -35,6 +35,9 @@ pub enum CliError {
     Locked(PathBuf, String),
     NotIdemdb(PathBuf, String),
     Corrupt(PathBuf, String),
+    /// The open refused the write-ahead log (missing, cut, older, damaged, another
+    /// database's): the engine's words, which name the log.
+    LogRefused(PathBuf, Error),
     Unsupported(PathBuf, String),
     Io(PathBuf, std::io::Error),
     /// A bad option value (clap's own errors exit before this).
@@ -51,7 +54,7 @@ impl CliError {
             CliError::Missing(_) => code::MISSING,
             CliError::Locked(..) => code::LOCKED,
             CliError::NotIdemdb(..) => code::NOT_IDEMDB,
-            CliError::Corrupt(..) => code::CORRUPT,
+            CliError::Corrupt(..) | CliError::LogRefused(..) => code::CORRUPT,
             CliError::Unsupported(..) => code::UNSUPPORTED,
             CliError::Usage(_) => code::USAGE,
             CliError::Io(..) | CliError::Engine(..) | CliError::Output(_) => code::OTHER,
@@ -64,7 +67,7 @@ impl CliError {
             CliError::Missing(_) => "missing",
             CliError::Locked(..) => "locked",
             CliError::NotIdemdb(..) => "not_idemdb",
-            CliError::Corrupt(..) => "corrupt",
+            CliError::Corrupt(..) | CliError::LogRefused(..) => "corrupt",
             CliError::Unsupported(..) => "unsupported",
             CliError::Io(..) => "io",
             CliError::Usage(_) => "usage",
@@ -79,6 +82,7 @@ impl CliError {
         match e {
             Error::NotIdemdb(why) => CliError::NotIdemdb(path, why),
             Error::Corrupted(why) => CliError::Corrupt(path, why),
+            e @ Error::LogRefused { .. } => CliError::LogRefused(path, e),
             Error::UnsupportedFormat { found, supported } => CliError::Unsupported(
                 path,
                 format!(
@@ -148,6 +152,7 @@ impl fmt::Display for CliError {
             CliError::Corrupt(p, why) => {
                 write!(f, "{}: the database is corrupt: {why}", p.display())
             }
+            CliError::LogRefused(p, e) => write!(f, "{}: {e}", p.display()),
             CliError::Unsupported(p, why) => {
                 write!(f, "{}: unsupported file format: {why}", p.display())
             }

@@ -69,6 +69,7 @@ fn run(ctx: &mut Ctx, cli: &Cli) -> Result<u8, CliError> {
             limit,
         } => records::scan(ctx, path, global, filter, *limit),
         Command::Compact { path } => commands::compact(ctx, path, global),
+        Command::AcceptLogLoss { path } => commands::accept_log_loss(ctx, path, global),
         Command::Verify { path, max_problems } => records::verify(ctx, path, global, *max_problems),
         Command::Export {
             path,

@@ -19,6 +19,15 @@ const META_TABLE: &str = "idemdb_meta";
 
 /// Opens the idemdb database at `path` under `retention`, with no background compactor.
 pub fn open(path: &Path, retention: Retention) -> Result<IdemDb, CliError> {
+    open_with(path, retention, false)
+}
+
+/// `open`, accepting a loss of the write-ahead log if `accept_log_loss`.
+pub fn open_with(
+    path: &Path,
+    retention: Retention,
+    accept_log_loss: bool,
+) -> Result<IdemDb, CliError> {
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -41,6 +50,7 @@ pub fn open(path: &Path, retention: Retention) -> Result<IdemDb, CliError> {
     inspect(path)?;
     IdemDb::builder()
         .verify_on_open(false)
+        .accept_log_loss(accept_log_loss)
         .retention(retention.compact_interval(None))
         .open(path)
         .map_err(|e| CliError::from_engine(path, e))

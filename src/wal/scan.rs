@@ -1,0 +1,388 @@
+//! What an open finds in the log (`Seen`), and the evidence that it lacks frames the database
+//! relies on (`examine`): docs/design.md §5.6, the table of states after a crash.
+
+use super::frame::{ALIGN, Frame, HEADER_LEN, Header, decode_frame, decode_header};
+use super::state::LogState;
+use crate::log_problem::LogProblem;
+
+/// The log as read at open.
+pub(super) struct Seen {
+    /// Whether there is a log file at all.
+    pub(super) present: bool,
+    /// Its length in bytes.
+    pub(super) len: u64,
+    pub(super) header: Header,
+    /// From the first frame offset, the frames whose sequence numbers follow each other.
+    pub(super) run: Vec<Frame>,
+    /// Where the run ends (the first offset that does not continue it).
+    pub(super) run_end: u64,
+    /// Every other intact frame of this database past the run, with its offset.
+    pub(super) others: Vec<(u64, Frame)>,
+    /// The first frame sector is all zeros: no frame was ever synced there.
+    pub(super) first_sector_zero: bool,
+}
+
+impl Seen {
+    /// Reads `bytes`, the whole log (`None`: no file).
+    pub(super) fn read(bytes: Option<&[u8]>, database_id: u64) -> Seen {
+        let Some(bytes) = bytes else {
+            return Seen {
+                present: false,
+                len: 0,
+                header: Header::Invalid,
+                run: Vec::new(),
+                run_end: HEADER_LEN,
+                others: Vec::new(),
+                first_sector_zero: true,
+            };
+        };
+        let start = HEADER_LEN as usize;
+        let mut at = start;
+        let mut run: Vec<Frame> = Vec::new();
+        while let Some(frame) = bytes.get(at..).and_then(|b| decode_frame(b, database_id)) {
+            if run.last().is_some_and(|l| frame.seq != l.seq + 1) {
+                break;
+            }
+            at += frame.len as usize;
+            run.push(frame);
+        }
+        let run_end = at;
+        // Past the run, every sector may start a frame left from before a recycle, or one
+        // that proves a damaged frame.
+        let mut others = Vec::new();
+        while at < bytes.len() {
+            match decode_frame(&bytes[at..], database_id) {
+                Some(frame) => {
+                    let len = frame.len as usize;
+                    others.push((at as u64, frame));
+                    at += len;
+                }
+                None => at += ALIGN as usize,
+            }
+        }
+        let first_sector_zero = bytes
+            .get(start..start + ALIGN as usize)
+            .is_none_or(|s| s.iter().all(|&b| b == 0));
+        Seen {
+            present: true,
+            len: bytes.len() as u64,
+            header: decode_header(bytes),
+            run,
+            run_end: run_end as u64,
+            others,
+            first_sector_zero,
+        }
+    }
+
+    /// The run's frames above `checkpoint`: what a normal open replays.
+    pub(super) fn run_above(&self, checkpoint: u64) -> Vec<&Frame> {
+        self.run.iter().filter(|f| f.seq > checkpoint).collect()
+    }
+
+    /// Every intact frame above `checkpoint`, wherever it lies, in sequence order, each
+    /// sequence number once: what an open that accepts a loss keeps.
+    pub(super) fn every_frame_above(&self, checkpoint: u64) -> Vec<&Frame> {
+        let mut all: Vec<&Frame> = self.all_frames().filter(|f| f.seq > checkpoint).collect();
+        all.sort_by_key(|f| f.seq);
+        all.dedup_by_key(|f| f.seq);
+        all
+    }
+
+    /// The newest sequence number of any intact frame.
+    pub(super) fn newest_seq(&self) -> u64 {
+        self.all_frames().map(|f| f.seq).max().unwrap_or(0)
+    }
+
+    /// Every intact frame: the run, then the others.
+    pub(super) fn all_frames(&self) -> impl Iterator<Item = &Frame> {
+        self.run.iter().chain(self.others.iter().map(|(_, f)| f))
+    }
+}
+
+/// What the database file records of its log, read at open.
+pub(super) struct Recorded {
+    /// The last frame the database file holds (meta `log_checkpoint`).
+    pub(super) checkpoint: u64,
+    /// Its record of the log (none in a new database, or one of format 4).
+    pub(super) state: Option<LogState>,
+}
+
+/// The evidence, if any, that the log lacks what the database relies on, or is not its log.
+/// `None`: the run's frames above the checkpoint are everything acknowledged since it (as far
+/// as two files can tell: design.md §5.6 lists what is undetectable, and why).
+pub(super) fn examine(seen: &Seen, database_id: u64, recorded: &Recorded) -> Option<LogProblem> {
+    let c = recorded.checkpoint;
+    if let Header::Of {
+        database_id: found, ..
+    } = seen.header
+        && found != database_id
+    {
+        return Some(LogProblem::Foreign {
+            found,
+            expected: database_id,
+        });
+    }
+    if let Some(state) = recorded.state.filter(|s| s.in_use) {
+        // Opened and not closed cleanly: the log may hold outcomes the file does not.
+        if !seen.present {
+            return Some(LogProblem::Missing { checkpoint: c });
+        }
+        if seen.len < state.len {
+            return Some(LogProblem::Cut {
+                len: seen.len,
+                expected: state.len,
+            });
+        }
+        match seen.header {
+            Header::Invalid => return Some(LogProblem::HeaderDamaged),
+            Header::Of { log_id, .. } if log_id != Some(state.id) => {
+                return Some(LogProblem::Replaced {
+                    found: log_id,
+                    expected: state.id,
+                });
+            }
+            Header::Of { .. } => {}
+        }
+    }
+    let above = seen.run_above(c);
+    if let Some(first) = above.first()
+        && first.seq != c + 1
+    {
+        return Some(LogProblem::FramesMissing {
+            checkpoint: c,
+            resumes_at: first.seq,
+        });
+    }
+    // A frame is appended only after the previous one's sync returned, so only the last can
+    // be torn: an intact frame newer than the run past its end proves a damaged durable one.
+    let newest = seen.run.last().map_or(c, |f| f.seq.max(c));
+    if let Some((at, frame)) = seen.others.iter().find(|(_, f)| f.seq > newest) {
+        return Some(LogProblem::FrameDamaged {
+            offset: seen.run_end,
+            intact: frame.seq,
+            intact_offset: *at,
+        });
+    }
+    let state = recorded.state.filter(|s| s.in_use)?;
+    match seen.run.last() {
+        // The checkpoint recorded the newest frame synced, and the run at the log's start
+        // always reaches it: a run that ends below it is an older log.
+        Some(last) if last.seq < c => Some(LogProblem::Older {
+            last: last.seq,
+            checkpoint: c,
+        }),
+        // A frame was synced at the first frame offset (the checkpoint moved past the log's
+        // creation); its sector holds that frame or a later one, whole or torn, never zeros.
+        None if c > state.since && seen.first_sector_zero => {
+            Some(LogProblem::Erased { checkpoint: c })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::frame::{Effect, encode_frame, encode_header};
+
+    const DB: u64 = 5;
+    const LOG: u64 = 9;
+
+    fn effect(n: u64) -> Vec<Effect> {
+        vec![Effect::Put {
+            table: "idemdb_inflight".into(),
+            key: vec![n as u8],
+            value: vec![n as u8; 700],
+        }]
+    }
+
+    fn log_of(seqs: &[u64]) -> Vec<u8> {
+        let mut bytes = encode_header(DB, LOG);
+        for &s in seqs {
+            bytes.extend(encode_frame(s, DB, &effect(s)));
+        }
+        bytes.resize(bytes.len() + 4096, 0);
+        bytes
+    }
+
+    fn seqs(frames: &[&Frame]) -> Vec<u64> {
+        frames.iter().map(|f| f.seq).collect()
+    }
+
+    fn in_use(checkpoint: u64, since: u64, len: u64) -> Recorded {
+        Recorded {
+            checkpoint,
+            state: Some(LogState {
+                id: LOG,
+                len,
+                since,
+                in_use: true,
+            }),
+        }
+    }
+
+    fn clean(checkpoint: u64) -> Recorded {
+        Recorded {
+            checkpoint,
+            state: Some(LogState {
+                id: LOG,
+                len: 1 << 20,
+                since: 0,
+                in_use: false,
+            }),
+        }
+    }
+
+    fn problem(bytes: Option<&[u8]>, recorded: &Recorded) -> Option<LogProblem> {
+        examine(&Seen::read(bytes, DB), DB, recorded)
+    }
+
+    #[test]
+    fn frames_above_the_checkpoint_are_replayed_in_order() {
+        let bytes = log_of(&[4, 5, 6, 7]);
+        let seen = Seen::read(Some(&bytes), DB);
+        assert_eq!(seqs(&seen.run_above(5)), [6, 7]);
+        assert_eq!(seqs(&seen.run_above(3)), [4, 5, 6, 7]);
+        assert!(seen.run_above(7).is_empty());
+        for c in [3, 5, 7] {
+            assert_eq!(problem(Some(&bytes), &in_use(c, 0, 1024)), None);
+        }
+    }
+
+    #[test]
+    fn an_older_frame_left_from_before_a_recycle_ends_the_run() {
+        // 9 and 10 were written at the start after a checkpoint at 8; 3.. are left behind.
+        let mut bytes = log_of(&[3, 4, 5, 6, 7, 8]);
+        let new = log_of(&[9, 10]);
+        let n = new.len() - 4096;
+        bytes[..n].copy_from_slice(&new[..n]);
+        let seen = Seen::read(Some(&bytes), DB);
+        assert_eq!(seqs(&seen.run_above(8)), [9, 10]);
+        assert_eq!(problem(Some(&bytes), &in_use(8, 0, 1024)), None);
+    }
+
+    #[test]
+    fn a_gap_after_the_checkpoint_is_frames_missing() {
+        let bytes = log_of(&[7, 8]);
+        for recorded in [in_use(5, 0, 1024), clean(5)] {
+            assert_eq!(
+                problem(Some(&bytes), &recorded),
+                Some(LogProblem::FramesMissing {
+                    checkpoint: 5,
+                    resumes_at: 7
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_frame_followed_by_an_intact_one_is_refused_and_a_torn_tail_is_not() {
+        let mut bytes = log_of(&[1, 2, 3]);
+        let second = HEADER_LEN as usize + encode_frame(1, DB, &effect(1)).len();
+        bytes[second + 40] ^= 1;
+        assert!(matches!(
+            problem(Some(&bytes), &in_use(0, 0, 1024)),
+            Some(LogProblem::FrameDamaged { intact: 3, .. })
+        ));
+        let mut bytes = log_of(&[1, 2, 3]);
+        let third = second + encode_frame(2, DB, &effect(2)).len();
+        bytes[third + 40] ^= 1;
+        let seen = Seen::read(Some(&bytes), DB);
+        assert_eq!(seqs(&seen.run_above(0)), [1, 2]);
+        assert_eq!(problem(Some(&bytes), &in_use(0, 0, 1024)), None);
+    }
+
+    #[test]
+    fn a_database_in_use_refuses_a_missing_cut_damaged_or_replaced_log() {
+        let bytes = log_of(&[4, 5, 6]);
+        let len = bytes.len() as u64;
+        let recorded = in_use(5, 0, len);
+        assert_eq!(problem(Some(&bytes), &recorded), None);
+        assert_eq!(
+            problem(None, &recorded),
+            Some(LogProblem::Missing { checkpoint: 5 })
+        );
+        for cut in [0, 512, 1000, len as usize - 1] {
+            assert_eq!(
+                problem(Some(&bytes[..cut]), &recorded),
+                Some(LogProblem::Cut {
+                    len: cut as u64,
+                    expected: len
+                }),
+                "{cut}"
+            );
+        }
+        let mut damaged = bytes.clone();
+        damaged[3] ^= 1;
+        assert_eq!(
+            problem(Some(&damaged), &recorded),
+            Some(LogProblem::HeaderDamaged)
+        );
+        let mut replaced = bytes.clone();
+        replaced[..512].copy_from_slice(&encode_header(DB, LOG + 1));
+        assert_eq!(
+            problem(Some(&replaced), &recorded),
+            Some(LogProblem::Replaced {
+                found: Some(LOG + 1),
+                expected: LOG
+            })
+        );
+        // Closed cleanly, none of it matters: the log holds nothing the file needs.
+        for bytes in [&bytes[..0], &bytes[..512], &damaged[..], &replaced[..]] {
+            assert_eq!(problem(Some(bytes), &clean(5)), None);
+        }
+        assert_eq!(problem(None, &clean(5)), None);
+    }
+
+    #[test]
+    fn a_run_that_ends_below_the_checkpoint_is_an_older_log() {
+        let bytes = log_of(&[4, 5, 6]);
+        assert_eq!(
+            problem(Some(&bytes), &in_use(9, 0, 1024)),
+            Some(LogProblem::Older {
+                last: 6,
+                checkpoint: 9
+            })
+        );
+        assert_eq!(problem(Some(&bytes), &clean(9)), None);
+    }
+
+    #[test]
+    fn zeros_where_a_frame_was_synced_are_an_erased_log() {
+        let mut bytes = log_of(&[4, 5, 6]);
+        bytes[512..].fill(0);
+        // The checkpoint moved past the log's creation: a frame was synced at 512.
+        assert_eq!(
+            problem(Some(&bytes), &in_use(6, 3, 1024)),
+            Some(LogProblem::Erased { checkpoint: 6 })
+        );
+        // Not yet: a log with no frame synced looks the same.
+        assert_eq!(problem(Some(&bytes), &in_use(6, 6, 1024)), None);
+        // A torn frame there is not zeros.
+        let mut torn = log_of(&[7]);
+        torn[600] ^= 1;
+        assert_eq!(problem(Some(&torn), &in_use(6, 3, 1024)), None);
+    }
+
+    #[test]
+    fn a_log_of_another_database_is_foreign_whatever_the_state() {
+        let mut bytes = log_of(&[1]);
+        bytes[..512].copy_from_slice(&encode_header(DB + 1, LOG));
+        let foreign = Some(LogProblem::Foreign {
+            found: DB + 1,
+            expected: DB,
+        });
+        assert_eq!(problem(Some(&bytes), &in_use(0, 0, 1024)), foreign);
+        assert_eq!(problem(Some(&bytes), &clean(0)), foreign);
+    }
+
+    #[test]
+    fn an_accepted_loss_keeps_every_intact_frame_above_the_checkpoint_once() {
+        let mut bytes = log_of(&[1, 2, 3, 4]);
+        let second = HEADER_LEN as usize + encode_frame(1, DB, &effect(1)).len();
+        bytes[second + 40] ^= 1;
+        let seen = Seen::read(Some(&bytes), DB);
+        assert_eq!(seqs(&seen.every_frame_above(1)), [3, 4]);
+        assert_eq!(seen.newest_seq(), 4);
+    }
+}
