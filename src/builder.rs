@@ -107,6 +107,15 @@ impl Builder {
         self
     }
 
+    /// Test support (feature `fault-injection`): how many tokens each raise of the durable
+    /// token ceiling reserves (default 65,536; at least 1). A small block makes every few
+    /// acquisitions raise it, so that crash tests exercise that path (docs/design.md §7).
+    #[cfg(feature = "fault-injection")]
+    pub fn token_block(mut self, tokens: u64) -> Self {
+        self.writer.token_block = tokens.max(1);
+        self
+    }
+
     /// Registers a caller table that closures write through [`Tx::open_table`](crate::Tx):
     /// its writes are logged (key and value bytes), so a batch running caller code is durable
     /// with one log append instead of a durable redb commit. Opening a database whose log

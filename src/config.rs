@@ -103,6 +103,8 @@ pub(crate) struct WriterConfig {
     pub(crate) checkpoint_bytes: u64,
     /// ... or once frames are this old (checked by the committer thread).
     pub(crate) checkpoint_interval: std::time::Duration,
+    /// Tokens each raise of the durable token ceiling reserves (design.md §7).
+    pub(crate) token_block: u64,
 }
 
 impl Default for WriterConfig {
@@ -113,6 +115,7 @@ impl Default for WriterConfig {
             quick_repair: false,
             checkpoint_bytes: 16 << 20,
             checkpoint_interval: std::time::Duration::from_secs(1),
+            token_block: crate::meta::TOKEN_BLOCK,
         }
     }
 }

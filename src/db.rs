@@ -129,6 +129,7 @@ impl IdemDb {
             accept_loss: accept_log_loss,
             now_ms: clock.now_ms(),
             format_version: meta::FORMAT_VERSION,
+            token_block: config.token_block,
         };
         let (log, recovered) = crate::wal::open_log(&db, log, &opening)?;
         let log_gauges = log.gauges();

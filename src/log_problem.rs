@@ -25,7 +25,8 @@ pub enum LogProblem {
         /// The length the database recorded.
         expected: u64,
     },
-    /// The log's header (written once, when the log was created) is damaged.
+    /// The log's header (written once, when the log was created) or its cycle sector (which
+    /// says which checkpoint its frames follow) is damaged.
     HeaderDamaged,
     /// The log is not the one the database was using: an older log, or another copy, was put
     /// in its place.
@@ -60,7 +61,8 @@ pub enum LogProblem {
         /// Where it starts, in bytes.
         intact_offset: u64,
     },
-    /// The log's frames were erased: zeros where a synced frame must be.
+    /// The log was erased: zeros in its cycle sector (written when the log was created, before
+    /// the database recorded it, and never zero since).
     Erased {
         /// The last frame the database file holds.
         checkpoint: u64,
@@ -111,8 +113,9 @@ impl fmt::Display for LogProblem {
             ),
             LogProblem::HeaderDamaged => write!(
                 f,
-                "has a damaged header (written once, when the log was created): it was \
-                 overwritten or damaged"
+                "has a damaged header or cycle sector (its first two sectors, which say whose \
+                 log it is and which checkpoint its frames follow): it was overwritten or \
+                 damaged"
             ),
             LogProblem::Replaced { found, expected } => match found {
                 Some(found) => write!(
@@ -152,8 +155,8 @@ impl fmt::Display for LogProblem {
             ),
             LogProblem::Erased { checkpoint } => write!(
                 f,
-                "has zeros where its first frame was synced: its frames were erased, \
-                 and outcomes acknowledged after frame {checkpoint} may be lost"
+                "has zeros in its cycle sector, which was synced when the log was created: it \
+                 was erased, and outcomes acknowledged after frame {checkpoint} may be lost"
             ),
             LogProblem::Foreign { found, expected } => write!(
                 f,

@@ -30,11 +30,11 @@ const MAGIC_KEY: &str = "magic";
 const VERSION_KEY: &str = "format_version";
 const SECRET_KEY: &str = "fingerprint_secret";
 pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
-/// Tokens reserved on disk at a time: the meta entry `next_token` is a ceiling above every
-/// token issued, raised by a block when issued tokens reach it (by a batch, which then ends
-/// with a durable commit), when they come within half a block of it (by a checkpoint), and at
-/// every open, so most batches do neither. After a reopen, tokens resume at the ceiling; up
-/// to this many are skipped, never reused.
+/// Tokens reserved on disk at a time (by default): the meta entry `next_token` is a ceiling
+/// above every token issued, raised by a block when issued tokens reach it (by a batch, which
+/// then ends with a durable commit), when they come within half a block of it (by a
+/// checkpoint), and at every open, so most batches do neither. After a reopen, tokens resume
+/// at the ceiling; up to this many are skipped, never reused.
 pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
 /// The sequence number of the last log frame this file holds (wal/): absent before the first
 /// checkpoint.

@@ -86,10 +86,10 @@ fn recorded_log(db: &[u8]) -> (u64, bool) {
 }
 
 /// The newest frame of the run at the start of a durable log image (docs/design.md §5.6:
-/// frames from offset 512, magic `IDMF`, payload length at 4, sequence number at 8, padded to
-/// 512 bytes); `None` if it has none.
+/// frames from offset 1024, after the header and the cycle sector, magic `IDMF`, payload
+/// length at 4, sequence number at 8, padded to 512 bytes); `None` if it has none.
 fn run_last(log: &[u8]) -> Option<u64> {
-    let (mut at, mut last) = (SECTOR, None);
+    let (mut at, mut last) = (2 * SECTOR, None);
     while log.get(at..at + 4) == Some(b"IDMF") {
         let len = u32::from_le_bytes(log[at + 4..at + 8].try_into().unwrap()) as usize;
         let seq = u64::from_le_bytes(log[at + 8..at + 16].try_into().unwrap());
@@ -102,12 +102,20 @@ fn run_last(log: &[u8]) -> Option<u64> {
     last
 }
 
+/// The checkpoint the log's cycle sector holds (docs/design.md §5.6: sector 1, magic `IDMC`,
+/// the checkpoint at 8).
+fn cycle_of(log: &[u8]) -> Option<u64> {
+    (log.get(SECTOR..SECTOR + 4) == Some(b"IDMC"))
+        .then(|| u64::from_le_bytes(log[SECTOR + 8..SECTOR + 16].try_into().unwrap()))
+}
+
 /// Opens the crash image of `r` with its log deleted, cut at every sector boundary from the
 /// header to the end of its frames, and rolled back to earlier images of itself (four, spread
-/// over the run). A deleted or cut log, and a log rolled back past the checkpoint, must be
-/// refused or open with every acknowledged outcome intact (it opens only when the database was
-/// closed cleanly). A log rolled back within the checkpoint's cycle cannot be told from a
-/// crash: it must open with tokens above all issued (design.md §5.6, the undetectable rows).
+/// over the run). A deleted or cut log, and a log rolled back to before the checkpoint's cycle,
+/// must be refused or open with every acknowledged outcome intact (it opens only when the
+/// database was closed cleanly). A log rolled back within the checkpoint's cycle cannot be
+/// told from a crash: it must open with tokens above all issued (design.md §5.6, the
+/// undetectable rows).
 fn check_log_losses(r: &Run) -> Losses {
     let db = r.disk.live_image();
     let log = r.disk.log().live_image();
@@ -131,11 +139,16 @@ fn check_log_losses(r: &Run) -> Losses {
     ];
     for i in picks.into_iter().filter(|&i| i < history.len()) {
         if history[i] != log {
-            let past_checkpoint = run_last(&history[i]).unwrap_or(0) < checkpoint;
+            // From before the checkpoint's cycle: its cycle sector is behind the checkpoint,
+            // and its run does not reach it (as it would at a crash between a checkpoint's
+            // commit and the cycle sector's rewrite).
+            let image = &history[i];
+            let detectable = cycle_of(image).is_some_and(|h| h < checkpoint)
+                && run_last(image) != Some(checkpoint);
             variants.push((
                 format!("rolled back to sync {i}"),
-                history[i].clone(),
-                past_checkpoint || !in_use,
+                image.clone(),
+                detectable || !in_use,
             ));
         }
     }

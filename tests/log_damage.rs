@@ -171,14 +171,14 @@ fn a_flipped_bit_in_the_last_frame_is_a_torn_tail_and_in_an_earlier_one_is_corru
     assert_tokens_above(&db, run.max_token);
     drop(db);
 
-    // The first frame (k0's reservation) starts right after the 512-byte header.
+    // The first frame (k0's reservation) starts after the header and the cycle sector.
     let mut log = new.clone();
-    log[SECTOR + 40] ^= 0x01;
+    log[2 * SECTOR + 40] ^= 0x01;
     let disk = FaultBackend::from_images(run.after.durable_image(), log.clone());
     assert!(matches!(
         refused(open_unchecked(&disk)),
         LogProblem::FrameDamaged {
-            offset: 512,
+            offset: 1024,
             intact: 2,
             ..
         }
@@ -187,14 +187,14 @@ fn a_flipped_bit_in_the_last_frame_is_a_torn_tail_and_in_an_earlier_one_is_corru
     assert!(disk.log().live_image() == log, "the log was changed");
 }
 
-/// Undetectable: no checkpoint followed the log's creation, so its first frame offset may
-/// never have held a synced frame (a first append torn there leaves the same zeros). What the
-/// frames held is lost; tokens still start above every token issued.
+/// Undetectable: the frames of the current cycle zeroed, the header and the cycle sector kept,
+/// look like a cycle whose first append was torn. What the frames held is lost; tokens still
+/// start above every token issued.
 #[test]
-fn zeroed_frames_before_any_checkpoint_replay_nothing_and_tokens_stay_above() {
+fn zeroed_frames_of_the_cycle_replay_nothing_and_tokens_stay_above() {
     let run = logged_run();
     let mut log = run.after.log().durable_image();
-    log[SECTOR..].fill(0);
+    log[2 * SECTOR..].fill(0);
     let disk = FaultBackend::from_images(run.after.durable_image(), log);
     let db = open_unchecked(&disk).unwrap();
     assert_eq!(db.stats().replayed_frames, 0);
@@ -209,10 +209,10 @@ fn zeroed_frames_before_any_checkpoint_replay_nothing_and_tokens_stay_above() {
     assert_eq!(state(&db, "new"), Some(RecordState::Completed));
 }
 
-/// Once a reopen replayed frames (the checkpoint moved past the log's creation), zeros at the
-/// first frame offset prove the frames were erased; a zeroed header is damage either way.
+/// Zeros in the cycle sector (synced when the log was created) prove the log was erased; a
+/// zeroed header is damage.
 #[test]
-fn zeroed_frames_after_a_checkpoint_or_a_zeroed_header_are_refused() {
+fn a_zeroed_cycle_sector_or_header_is_refused() {
     let run = logged_run();
     // Reopened: the 8 frames replay, the checkpoint moves to 8; then one more frame.
     let db = open_unchecked(&run.after).unwrap();
@@ -357,4 +357,44 @@ fn a_frame_larger_than_the_log_grows_it_and_survives_a_crash() {
         db.reserve(&scope(), &Key::new("big"), b"p", LEASE).unwrap(),
         ReserveOutcome::Completed(body)
     );
+}
+
+/// A log that grew for a large frame: the growth is durable and recorded (the batch took a
+/// durable commit), so cutting the log back to its old length is refused, not a silent loss of
+/// what followed.
+#[test]
+fn a_grown_log_cut_back_to_its_old_length_is_refused() {
+    let backend = FaultBackend::new();
+    let mut limits = idemdb::Limits::default();
+    limits.max_response_len = 3 << 20;
+    let open = |disk: &FaultBackend| {
+        IdemDb::builder()
+            .clock(ManualClock::new(T0))
+            .limits(limits.clone())
+            .checkpoint_interval(Duration::from_secs(3600))
+            .open_with_backend(disk.clone(), disk.log())
+    };
+    let db = open(&backend).unwrap();
+    let initial = db.stats().log_bytes_on_disk as usize;
+    let r = acquired(db.reserve(&scope(), &Key::new("big"), b"p", LEASE).unwrap());
+    db.complete(&r, vec![7; 2 << 20]).unwrap();
+    // Frames written into the grown part after it.
+    for i in 0..3 {
+        let r = acquired(
+            db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+                .unwrap(),
+        );
+        db.complete(&r, vec![b'x'; 2 << 20]).unwrap();
+    }
+    let disk = power_loss_now(&backend, db);
+    let mut log = disk.log().durable_image();
+    assert!(log.len() > initial);
+    log.truncate(initial);
+    let cut = FaultBackend::from_images(disk.durable_image(), log);
+    assert!(matches!(
+        refused(open(&cut)),
+        LogProblem::Cut { len, .. } if len as usize == initial
+    ));
+    let db = open(&disk).unwrap();
+    assert_eq!(state(&db, "k2"), Some(RecordState::Completed));
 }

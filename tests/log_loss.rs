@@ -17,6 +17,9 @@ use common::worker::{Acks, Worker, open_worker_db};
 use idemdb::{Error, IdemDb, LogProblem};
 use tempfile::TempDir;
 
+/// Where a log's frames start: after its header and its cycle sector (docs/design.md §5.6).
+const FRAMES: usize = 1024;
+
 /// One database file and its log, and what the killed workers on it were told.
 struct Files {
     _dir: TempDir,
@@ -133,7 +136,7 @@ fn patch(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
 
 /// Where the log's frames end: past it, only zeros.
 fn frames_end(log: &[u8]) -> usize {
-    log.iter().rposition(|&b| b != 0).map_or(512, |i| i + 1)
+    log.iter().rposition(|&b| b != 0).map_or(FRAMES, |i| i + 1)
 }
 
 /// Puts `saved` back as the log, then the open succeeds with everything acknowledged.
@@ -252,9 +255,10 @@ fn killed_then_a_frame_damaged_mid_log_is_refused() {
     let mut files = Files::new();
     files.kill_after(150);
     let saved = files.log_bytes().unwrap();
-    // Inside the first frame's payload: later frames are intact.
-    patch(&files.log, |b| b[512 + 100] ^= 0x40);
-    files.refused(|p| matches!(p, LogProblem::FrameDamaged { offset: 512, .. }));
+    // Inside the first frame's payload (frames start after the header and the cycle sector):
+    // later frames are intact.
+    patch(&files.log, |b| b[FRAMES + 100] ^= 0x40);
+    files.refused(|p| matches!(p, LogProblem::FrameDamaged { offset: 1024, .. }));
     restore_and_open(&mut files, &saved);
 }
 
@@ -271,25 +275,23 @@ fn killed_then_log_header_damaged_is_refused() {
 }
 
 #[test]
-fn killed_then_log_frames_zeroed_is_refused() {
+fn killed_then_log_zeroed_after_its_header_is_refused() {
     let mut files = Files::new();
-    // The second run replays the first's frames: the checkpoint moves past the log's
-    // creation, so a frame was synced at its first offset.
-    files.kill_after(100).kill_after(150);
+    files.kill_after(150);
     let saved = files.log_bytes().unwrap();
     patch(&files.log, |b| b[512..].fill(0));
     files.refused(|p| matches!(p, LogProblem::Erased { .. }));
     restore_and_open(&mut files, &saved);
 }
 
-/// Undetectable: a log whose frames were all zeroed before any checkpoint followed its
-/// creation looks like a log whose first append was torn. The outcomes are lost, but no
-/// token is issued twice.
+/// Undetectable: the frames of the current cycle zeroed (the header and the cycle sector
+/// kept) look like a cycle whose first append was torn. The outcomes are lost, but no token
+/// is issued twice.
 #[test]
-fn killed_then_log_frames_zeroed_before_any_checkpoint_opens_with_tokens_above() {
+fn killed_then_frames_of_the_cycle_zeroed_opens_with_tokens_above() {
     let mut files = Files::new();
     files.kill_after(150);
-    patch(&files.log, |b| b[512..].fill(0));
+    patch(&files.log, |b| b[FRAMES..].fill(0));
     let db = files.open().unwrap();
     assert_eq!(db.stats().replayed_frames, 0);
     files.acks.check_tokens(&db, "probe-after-zeroing");
@@ -346,7 +348,7 @@ fn closed_cleanly_then_older_or_damaged_log_opens() {
     drop(files.opens_intact());
     patch(&files.log, |b| {
         b[20] ^= 1;
-        b[512 + 100] ^= 1;
+        b[FRAMES + 100] ^= 1;
     });
     drop(files.opens_intact());
 }
@@ -547,4 +549,24 @@ fn the_cli_refuses_as_corrupt_and_accepts_with_accept_log_loss() {
     assert!(out.contains("nothing to accept"), "{out}");
     let db = files.open().unwrap();
     files.acks.check_tokens(&db, "probe-cli");
+}
+
+/// The one loss no file can bound: a database file restored from a copy, its log lost too. An
+/// accepted loss raises the ceiling far enough (2^40) above everything the files show that the
+/// later run's tokens, which neither file knows, are never issued again.
+#[test]
+fn an_accepted_loss_of_a_rolled_back_database_issues_tokens_above_the_later_runs() {
+    let mut files = Files::new();
+    files.kill_after(100);
+    let backup = fs::read(&files.path).unwrap();
+    files.kill_after(100).kill_after(100);
+    fs::write(&files.path, &backup).unwrap();
+    fs::remove_file(&files.log).unwrap();
+    files.refused(|p| matches!(p, LogProblem::Missing { .. }));
+    let db = IdemDb::builder()
+        .table(common::worker::ORDERS)
+        .accept_log_loss(true)
+        .open(&files.path)
+        .unwrap();
+    files.acks.check_tokens(&db, "probe-rolled-back");
 }

@@ -94,6 +94,8 @@ fn open_workload_with(
         // Small, so that runs cross checkpoints taken by size as well as by close, compaction
         // and caller code writing an unregistered table.
         .checkpoint_bytes(64 << 10)
+        // Small, so that batches raise the durable token ceiling (a durable commit) often.
+        .token_block(64)
         .table(ROWS)
         .open_with_backend(backend.clone(), backend.log())
 }

@@ -5,8 +5,12 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Bytes of the segment header; frames start here.
+/// Bytes of the segment header.
 pub(crate) const HEADER_LEN: u64 = 512;
+/// Where the cycle sector is (version 2), and where frames start in a version-1 log.
+pub(crate) const CYCLE_AT: u64 = HEADER_LEN;
+/// Where frames start in a version-2 log: after the header and the cycle sector.
+pub(crate) const FRAMES_START: u64 = CYCLE_AT + ALIGN;
 /// Frames are aligned (and padded) to this.
 pub(crate) const ALIGN: u64 = 512;
 /// Bytes of a frame's own header, before its payload.
@@ -16,6 +20,7 @@ const SEGMENT_MAGIC: &[u8; 8] = b"idemwal\0";
 /// Version 1 (format 4) had no log identity; version 2 names the log the database uses.
 const SEGMENT_VERSION: u32 = 2;
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IDMF");
+const CYCLE_MAGIC: u32 = u32::from_le_bytes(*b"IDMC");
 
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
@@ -109,6 +114,47 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Header {
         },
         _ => Header::Invalid,
     }
+}
+
+/// The cycle sector: the checkpoint the frames after it follow. Rewritten (and synced) after a
+/// checkpoint moved, before any frame of the new cycle is written.
+pub(crate) fn encode_cycle(database_id: u64, log_id: u64, checkpoint: u64) -> Vec<u8> {
+    let mut out = vec![0u8; ALIGN as usize];
+    out[0..4].copy_from_slice(&CYCLE_MAGIC.to_le_bytes());
+    out[8..16].copy_from_slice(&checkpoint.to_le_bytes());
+    out[16..24].copy_from_slice(&database_id.to_le_bytes());
+    out[24..32].copy_from_slice(&log_id.to_le_bytes());
+    let sum = xxh3_64(&out[0..32]);
+    out[32..40].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// What the cycle sector says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cycle {
+    /// The frames after it follow this checkpoint.
+    After(u64),
+    /// All zeros: never written.
+    Zero,
+    /// Torn while it was rewritten, damaged, or another log's.
+    Invalid,
+}
+
+pub(crate) fn decode_cycle(sector: &[u8], database_id: u64, log_id: u64) -> Cycle {
+    let Some(s) = sector.get(0..ALIGN as usize) else {
+        return Cycle::Zero;
+    };
+    if s.iter().all(|&b| b == 0) {
+        return Cycle::Zero;
+    }
+    if u32_at(s, 0) != CYCLE_MAGIC
+        || u64_at(s, 16) != database_id
+        || u64_at(s, 24) != log_id
+        || u64_at(s, 32) != xxh3_64(&s[0..32])
+    {
+        return Cycle::Invalid;
+    }
+    Cycle::After(u64_at(s, 8))
 }
 
 /// A frame, padded to [`ALIGN`].
@@ -345,6 +391,21 @@ mod tests {
         }
         assert_eq!(decode_header(&[0u8; 512]), Header::Invalid);
         assert_eq!(decode_header(&h[..10]), Header::Invalid);
+    }
+
+    #[test]
+    fn the_cycle_sector_names_its_checkpoint_and_detects_damage() {
+        let c = encode_cycle(7, 8, 99);
+        assert_eq!(decode_cycle(&c, 7, 8), Cycle::After(99));
+        assert_eq!(decode_cycle(&c, 7, 9), Cycle::Invalid);
+        assert_eq!(decode_cycle(&c, 6, 8), Cycle::Invalid);
+        for byte in 0..40 {
+            let mut bad = c.clone();
+            bad[byte] ^= 0x08;
+            assert_eq!(decode_cycle(&bad, 7, 8), Cycle::Invalid, "byte {byte}");
+        }
+        assert_eq!(decode_cycle(&[0u8; 512], 7, 8), Cycle::Zero);
+        assert_eq!(decode_cycle(&c[..100], 7, 8), Cycle::Zero);
     }
 
     #[test]

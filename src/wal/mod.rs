@@ -22,7 +22,7 @@ use redb::StorageBackend;
 use crate::error::Error;
 pub(crate) use frame::Effect;
 pub(crate) use frame::fits;
-use frame::{HEADER_LEN, encode_frame, encode_header};
+use frame::{CYCLE_AT, FRAMES_START, encode_cycle, encode_frame, encode_header};
 pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
 pub(crate) use state::LogState;
 
@@ -60,6 +60,9 @@ pub(crate) struct Log {
     /// Its identity and the checkpoint it was created at (as recorded in the database).
     id: u64,
     since: u64,
+    /// The checkpoint its cycle sector durably holds (`None`: not known to hold one): the
+    /// frames written follow it.
+    cycle: Option<u64>,
     /// Where the next frame goes.
     end: u64,
     /// The file's zero-filled length.
@@ -99,28 +102,30 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    /// The log in `file`, as the database records it in `state`, after the checkpoint
-    /// `last_seq`: the next frame is written at its start.
+    /// The log in `file`, as the database records it in `state`, whose cycle sector holds
+    /// `cycle`, after the checkpoint `last_seq`: the next frame is written at its start, once
+    /// the cycle sector says `last_seq`.
     fn opened(
         file: Box<dyn StorageBackend>,
         path: Option<PathBuf>,
         database_id: u64,
-        state: LogState,
+        (state, cycle): (LogState, Option<u64>),
         last_seq: u64,
-    ) -> Log {
-        let log = Log {
+    ) -> Result<Log, Error> {
+        let mut log = Log {
             file,
             path,
             database_id,
             id: state.id,
             since: state.since,
-            end: HEADER_LEN,
+            cycle,
+            end: FRAMES_START,
             len: state.len,
             last_seq,
             gauges: LogGauges::default(),
         };
-        log.gauges.set(log.len, 0);
-        log
+        log.checkpointed()?;
+        Ok(log)
     }
 
     /// Appends one frame holding `effects` and waits for it to be durable: `Ok(true)`.
@@ -150,7 +155,7 @@ impl Log {
 
     /// Bytes of frames not yet covered by a checkpoint.
     pub(crate) fn bytes_since_checkpoint(&self) -> u64 {
-        self.end - HEADER_LEN
+        self.end - FRAMES_START
     }
 
     /// The sequence number a checkpoint taken now records.
@@ -169,11 +174,22 @@ impl Log {
     }
 
     /// A durable redb commit recorded `last_seq`: every frame is redundant, and the next one
-    /// is written at the start of the log. Old frames past it have lower sequence numbers,
-    /// which ends recovery's scan.
-    pub(crate) fn checkpointed(&mut self) {
-        self.end = HEADER_LEN;
+    /// is written at the start of the log's frames, once the cycle sector durably says that
+    /// they follow `last_seq`. Recovery tells this cycle's frames (or a torn first one) from an
+    /// older log by it. Old frames past the new ones have lower sequence numbers, which ends
+    /// recovery's scan. An error leaves the log unusable: the caller must stop writing.
+    pub(crate) fn checkpointed(&mut self) -> Result<(), Error> {
+        self.end = FRAMES_START;
         self.gauges.set(self.len, 0);
+        if self.cycle != Some(self.last_seq) {
+            let sector = encode_cycle(self.database_id, self.id, self.last_seq);
+            self.file
+                .write(CYCLE_AT, &sector)
+                .map_err(|e| self.error("write", e))?;
+            self.file.sync_data().map_err(|e| self.error("sync", e))?;
+            self.cycle = Some(self.last_seq);
+        }
+        Ok(())
     }
 
     /// The log's sizes, kept current.
@@ -227,12 +243,19 @@ pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Writes a fresh log over `file`: its old content dropped, then the header and a zero-filled
-/// first step, durable before the database records it (and so before any frame).
-fn create(file: &dyn StorageBackend, database_id: u64, log_id: u64) -> io::Result<u64> {
+/// Writes a fresh log over `file`: its old content dropped, then the header, the cycle sector
+/// (frames follow `checkpoint`) and a zero-filled first step, durable before the database
+/// records it (and so before any frame).
+fn create(
+    file: &dyn StorageBackend,
+    database_id: u64,
+    log_id: u64,
+    checkpoint: u64,
+) -> io::Result<u64> {
     file.set_len(0)?;
     file.write(0, &encode_header(database_id, log_id))?;
-    zero_fill(file, HEADER_LEN, GROW_STEP)?;
+    file.write(CYCLE_AT, &encode_cycle(database_id, log_id, checkpoint))?;
+    zero_fill(file, FRAMES_START, GROW_STEP)?;
     file.sync_data()?;
     Ok(GROW_STEP)
 }

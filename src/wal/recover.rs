@@ -17,13 +17,13 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition};
 
-use super::frame::{Effect, Frame, HEADER_LEN, Header, decode_header};
+use super::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
 use super::scan::{Recorded, Seen, examine};
 use super::state::{LogState, read_losses, read_state, record_loss};
 use super::{Log, LogFile, create, log_io};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
-use crate::meta::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX, TOKEN_BLOCK};
+use crate::meta::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::record::Record;
 use crate::retention::partition::PartitionName;
 use crate::stats::LogLoss;
@@ -60,6 +60,8 @@ pub(crate) struct Opening<'a> {
     pub(crate) now_ms: u64,
     /// The meta entry `format_version` to write with the log's record.
     pub(crate) format_version: u32,
+    /// Tokens the ceiling is raised by, above where they resume.
+    pub(crate) token_block: u64,
 }
 
 /// Opens the log of the open database `db`, replays what redb lacks, and records the log as
@@ -74,10 +76,14 @@ pub(crate) fn open_log(
     let (file, seen) = match file {
         LogFile::Open { file, .. } => {
             let bytes = read_all(&*file).map_err(|e| log_io(path.as_deref(), "read", e))?;
-            let seen = Seen::read(Some(&bytes), how.database_id);
+            let seen = Seen::read(
+                Some(&bytes),
+                how.database_id,
+                recorded.log.state.map(|s| s.id),
+            );
             (Some(file), seen)
         }
-        LogFile::Absent { .. } => (None, Seen::read(None, how.database_id)),
+        LogFile::Absent { .. } => (None, Seen::read(None, how.database_id, None)),
     };
     let accepted = match examine(&seen, how.database_id, &recorded.log) {
         None => None,
@@ -115,7 +121,7 @@ pub(crate) fn open_log(
         Some(_) => shown.saturating_add(LOSS_MARGIN),
         None => shown,
     };
-    let token_ceiling = next_token.saturating_add(TOKEN_BLOCK);
+    let token_ceiling = next_token.saturating_add(how.token_block);
     let ceiling = |meta: &mut MetaTable<'_>| -> Result<(), Error> {
         meta.insert(NEXT_TOKEN_KEY, &token_ceiling.to_le_bytes()[..])?;
         Ok(())
@@ -145,7 +151,11 @@ pub(crate) fn open_log(
             in_use: true,
             ..s
         };
-        (file, record, frames)
+        let cycle = match seen.cycle {
+            Some(Cycle::After(h)) => Some(h),
+            _ => None,
+        };
+        (file, (record, cycle), frames)
     } else {
         // The log is replaced: first everything it holds that the file lacks becomes durable
         // in redb, and the database stops relying on it (a crash after this commit opens
@@ -167,7 +177,7 @@ pub(crate) fn open_log(
             None => create_file(path.as_deref())?,
         };
         let id = random_id()?;
-        let len = create(&*file, how.database_id, id)
+        let len = create(&*file, how.database_id, id, checkpoint)
             .map_err(|e| log_io(path.as_deref(), "create", e))?;
         let record = LogState {
             id,
@@ -175,17 +185,18 @@ pub(crate) fn open_log(
             since: checkpoint,
             in_use: true,
         };
-        (file, record, Vec::new())
+        (file, (record, Some(checkpoint)), Vec::new())
     };
     // Every open ends with a durable commit that records the log (a new one only once it is
     // durable: the database never names a log that a crash could take back), and raises the
     // token ceiling a block above where tokens resume, so that the first batches need no
     // durable commit of their own.
     commit(db, &replay, checkpoint, how, |meta| {
-        record.write(meta)?;
+        record.0.write(meta)?;
         ceiling(meta)
     })?;
-    let log = Log::opened(file, path, how.database_id, record, checkpoint);
+    // The cycle sector says `checkpoint` before any frame follows it.
+    let log = Log::opened(file, path, how.database_id, record, checkpoint)?;
     Ok((log, recovered))
 }
 

@@ -1,7 +1,9 @@
 //! What an open finds in the log (`Seen`), and the evidence that it lacks frames the database
 //! relies on (`examine`): docs/design.md §5.6, the table of states after a crash.
 
-use super::frame::{ALIGN, Frame, HEADER_LEN, Header, decode_frame, decode_header};
+use super::frame::{
+    ALIGN, CYCLE_AT, Cycle, FRAMES_START, Frame, Header, decode_cycle, decode_frame, decode_header,
+};
 use super::state::LogState;
 use crate::log_problem::LogProblem;
 
@@ -12,32 +14,45 @@ pub(super) struct Seen {
     /// Its length in bytes.
     pub(super) len: u64,
     pub(super) header: Header,
+    /// The cycle sector (`None` in a version-1 log, which had none).
+    pub(super) cycle: Option<Cycle>,
     /// From the first frame offset, the frames whose sequence numbers follow each other.
     pub(super) run: Vec<Frame>,
     /// Where the run ends (the first offset that does not continue it).
     pub(super) run_end: u64,
     /// Every other intact frame of this database past the run, with its offset.
     pub(super) others: Vec<(u64, Frame)>,
-    /// The first frame sector is all zeros: no frame was ever synced there.
-    pub(super) first_sector_zero: bool,
 }
 
 impl Seen {
-    /// Reads `bytes`, the whole log (`None`: no file).
-    pub(super) fn read(bytes: Option<&[u8]>, database_id: u64) -> Seen {
+    /// Reads `bytes`, the whole log (`None`: no file). `log_id` is the log the database
+    /// records, for a header too damaged to say which log it is.
+    pub(super) fn read(bytes: Option<&[u8]>, database_id: u64, log_id: Option<u64>) -> Seen {
         let Some(bytes) = bytes else {
             return Seen {
                 present: false,
                 len: 0,
                 header: Header::Invalid,
+                cycle: None,
                 run: Vec::new(),
-                run_end: HEADER_LEN,
+                run_end: FRAMES_START,
                 others: Vec::new(),
-                first_sector_zero: true,
             };
         };
-        let start = HEADER_LEN as usize;
-        let mut at = start;
+        let header = decode_header(bytes);
+        // Version 1 (format 4) had no cycle sector: its frames start right after the header.
+        let log_id = match header {
+            Header::Of { log_id, .. } => log_id,
+            Header::Invalid => log_id,
+        };
+        let (start, cycle) = match log_id {
+            Some(id) => {
+                let sector = bytes.get(CYCLE_AT as usize..).unwrap_or_default();
+                (FRAMES_START, Some(decode_cycle(sector, database_id, id)))
+            }
+            None => (CYCLE_AT, None),
+        };
+        let mut at = start as usize;
         let mut run: Vec<Frame> = Vec::new();
         while let Some(frame) = bytes.get(at..).and_then(|b| decode_frame(b, database_id)) {
             if run.last().is_some_and(|l| frame.seq != l.seq + 1) {
@@ -60,17 +75,14 @@ impl Seen {
                 None => at += ALIGN as usize,
             }
         }
-        let first_sector_zero = bytes
-            .get(start..start + ALIGN as usize)
-            .is_none_or(|s| s.iter().all(|&b| b == 0));
         Seen {
             present: true,
             len: bytes.len() as u64,
-            header: decode_header(bytes),
+            header,
+            cycle,
             run,
             run_end: run_end as u64,
             others,
-            first_sector_zero,
         }
     }
 
@@ -122,26 +134,11 @@ pub(super) fn examine(seen: &Seen, database_id: u64, recorded: &Recorded) -> Opt
             expected: database_id,
         });
     }
-    if let Some(state) = recorded.state.filter(|s| s.in_use) {
+    let in_use = recorded.state.filter(|s| s.in_use);
+    if let Some(state) = in_use {
         // Opened and not closed cleanly: the log may hold outcomes the file does not.
-        if !seen.present {
-            return Some(LogProblem::Missing { checkpoint: c });
-        }
-        if seen.len < state.len {
-            return Some(LogProblem::Cut {
-                len: seen.len,
-                expected: state.len,
-            });
-        }
-        match seen.header {
-            Header::Invalid => return Some(LogProblem::HeaderDamaged),
-            Header::Of { log_id, .. } if log_id != Some(state.id) => {
-                return Some(LogProblem::Replaced {
-                    found: log_id,
-                    expected: state.id,
-                });
-            }
-            Header::Of { .. } => {}
+        if let Some(problem) = examine_in_use(seen, state, c) {
+            return Some(problem);
         }
     }
     let above = seen.run_above(c);
@@ -163,27 +160,61 @@ pub(super) fn examine(seen: &Seen, database_id: u64, recorded: &Recorded) -> Opt
             intact_offset: *at,
         });
     }
-    let state = recorded.state.filter(|s| s.in_use)?;
-    match seen.run.last() {
-        // The checkpoint recorded the newest frame synced, and the run at the log's start
-        // always reaches it: a run that ends below it is an older log.
-        Some(last) if last.seq < c => Some(LogProblem::Older {
-            last: last.seq,
-            checkpoint: c,
-        }),
-        // A frame was synced at the first frame offset (the checkpoint moved past the log's
-        // creation); its sector holds that frame or a later one, whole or torn, never zeros.
-        None if c > state.since && seen.first_sector_zero => {
-            Some(LogProblem::Erased { checkpoint: c })
+    None
+}
+
+/// The evidence that only a database in use (not closed cleanly) relies on: the log is there,
+/// at its recorded length, the one recorded, and its cycle sector (rewritten after each
+/// checkpoint, before any frame of the new cycle) agrees with the checkpoint.
+fn examine_in_use(seen: &Seen, state: LogState, c: u64) -> Option<LogProblem> {
+    if !seen.present {
+        return Some(LogProblem::Missing { checkpoint: c });
+    }
+    if seen.len < state.len {
+        return Some(LogProblem::Cut {
+            len: seen.len,
+            expected: state.len,
+        });
+    }
+    match seen.header {
+        Header::Invalid => return Some(LogProblem::HeaderDamaged),
+        Header::Of { log_id, .. } if log_id != Some(state.id) => {
+            return Some(LogProblem::Replaced {
+                found: log_id,
+                expected: state.id,
+            });
         }
-        _ => None,
+        Header::Of { .. } => {}
+    }
+    // The run reaches the checkpoint: the state a crash leaves between a checkpoint's commit
+    // and the rewrite of the cycle sector (no frame of the new cycle was written yet).
+    let reaches = seen.run.last().is_some_and(|f| f.seq == c);
+    match seen.cycle {
+        // Written when the log was created, before the database recorded it: never zeros.
+        Some(Cycle::Zero) | None => Some(LogProblem::Erased { checkpoint: c }),
+        Some(Cycle::Invalid) if reaches => None,
+        Some(Cycle::Invalid) => Some(LogProblem::HeaderDamaged),
+        Some(Cycle::After(h)) if h > c => Some(LogProblem::FramesMissing {
+            checkpoint: c,
+            resumes_at: h + 1,
+        }),
+        Some(Cycle::After(h)) if h < c && !reaches => match seen.run.last() {
+            // Frames of the new cycle behind a cycle sector that never said so: it was
+            // overwritten.
+            Some(f) if f.seq > c => Some(LogProblem::HeaderDamaged),
+            last => Some(LogProblem::Older {
+                last: last.map_or(h, |f| f.seq),
+                checkpoint: c,
+            }),
+        },
+        Some(Cycle::After(_)) => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wal::frame::{Effect, encode_frame, encode_header};
+    use crate::wal::frame::{Effect, encode_cycle, encode_frame, encode_header};
 
     const DB: u64 = 5;
     const LOG: u64 = 9;
@@ -196,8 +227,10 @@ mod tests {
         }]
     }
 
-    fn log_of(seqs: &[u64]) -> Vec<u8> {
+    /// A log whose cycle sector says `cycle`, holding frames `seqs` from its first frame offset.
+    fn log_of(cycle: u64, seqs: &[u64]) -> Vec<u8> {
         let mut bytes = encode_header(DB, LOG);
+        bytes.extend(encode_cycle(DB, LOG, cycle));
         for &s in seqs {
             bytes.extend(encode_frame(s, DB, &effect(s)));
         }
@@ -209,13 +242,13 @@ mod tests {
         frames.iter().map(|f| f.seq).collect()
     }
 
-    fn in_use(checkpoint: u64, since: u64, len: u64) -> Recorded {
+    fn in_use(checkpoint: u64, len: u64) -> Recorded {
         Recorded {
             checkpoint,
             state: Some(LogState {
                 id: LOG,
                 len,
-                since,
+                since: 0,
                 in_use: true,
             }),
         }
@@ -233,38 +266,51 @@ mod tests {
         }
     }
 
+    fn seen(bytes: &[u8]) -> Seen {
+        Seen::read(Some(bytes), DB, Some(LOG))
+    }
+
     fn problem(bytes: Option<&[u8]>, recorded: &Recorded) -> Option<LogProblem> {
-        examine(&Seen::read(bytes, DB), DB, recorded)
+        examine(&Seen::read(bytes, DB, Some(LOG)), DB, recorded)
+    }
+
+    fn frame_at(n: usize) -> usize {
+        FRAMES_START as usize + n * encode_frame(1, DB, &effect(1)).len()
     }
 
     #[test]
     fn frames_above_the_checkpoint_are_replayed_in_order() {
-        let bytes = log_of(&[4, 5, 6, 7]);
-        let seen = Seen::read(Some(&bytes), DB);
-        assert_eq!(seqs(&seen.run_above(5)), [6, 7]);
-        assert_eq!(seqs(&seen.run_above(3)), [4, 5, 6, 7]);
-        assert!(seen.run_above(7).is_empty());
-        for c in [3, 5, 7] {
-            assert_eq!(problem(Some(&bytes), &in_use(c, 0, 1024)), None);
+        let bytes = log_of(3, &[4, 5, 6, 7]);
+        assert_eq!(seqs(&seen(&bytes).run_above(5)), [6, 7]);
+        assert_eq!(seqs(&seen(&bytes).run_above(3)), [4, 5, 6, 7]);
+        assert!(seen(&bytes).run_above(7).is_empty());
+        // A crash after a checkpoint's commit, before the cycle sector was rewritten: the run
+        // still reaches the checkpoint.
+        for c in [3, 7] {
+            assert_eq!(problem(Some(&bytes), &in_use(c, 1024)), None, "{c}");
         }
+        // Frames past a checkpoint the cycle sector never announced: it was overwritten.
+        assert_eq!(
+            problem(Some(&bytes), &in_use(5, 1024)),
+            Some(LogProblem::HeaderDamaged)
+        );
     }
 
     #[test]
     fn an_older_frame_left_from_before_a_recycle_ends_the_run() {
         // 9 and 10 were written at the start after a checkpoint at 8; 3.. are left behind.
-        let mut bytes = log_of(&[3, 4, 5, 6, 7, 8]);
-        let new = log_of(&[9, 10]);
+        let mut bytes = log_of(2, &[3, 4, 5, 6, 7, 8]);
+        let new = log_of(8, &[9, 10]);
         let n = new.len() - 4096;
         bytes[..n].copy_from_slice(&new[..n]);
-        let seen = Seen::read(Some(&bytes), DB);
-        assert_eq!(seqs(&seen.run_above(8)), [9, 10]);
-        assert_eq!(problem(Some(&bytes), &in_use(8, 0, 1024)), None);
+        assert_eq!(seqs(&seen(&bytes).run_above(8)), [9, 10]);
+        assert_eq!(problem(Some(&bytes), &in_use(8, 1024)), None);
     }
 
     #[test]
     fn a_gap_after_the_checkpoint_is_frames_missing() {
-        let bytes = log_of(&[7, 8]);
-        for recorded in [in_use(5, 0, 1024), clean(5)] {
+        let bytes = log_of(6, &[7, 8]);
+        for recorded in [in_use(5, 1024), clean(5)] {
             assert_eq!(
                 problem(Some(&bytes), &recorded),
                 Some(LogProblem::FramesMissing {
@@ -273,30 +319,46 @@ mod tests {
                 })
             );
         }
+        // The cycle sector alone proves it too.
+        assert_eq!(
+            problem(Some(&log_of(6, &[])), &in_use(5, 1024)),
+            Some(LogProblem::FramesMissing {
+                checkpoint: 5,
+                resumes_at: 7
+            })
+        );
     }
 
     #[test]
     fn a_damaged_frame_followed_by_an_intact_one_is_refused_and_a_torn_tail_is_not() {
-        let mut bytes = log_of(&[1, 2, 3]);
-        let second = HEADER_LEN as usize + encode_frame(1, DB, &effect(1)).len();
-        bytes[second + 40] ^= 1;
+        let mut bytes = log_of(0, &[1, 2, 3]);
+        bytes[frame_at(1) + 40] ^= 1;
         assert!(matches!(
-            problem(Some(&bytes), &in_use(0, 0, 1024)),
+            problem(Some(&bytes), &in_use(0, 1024)),
             Some(LogProblem::FrameDamaged { intact: 3, .. })
         ));
-        let mut bytes = log_of(&[1, 2, 3]);
-        let third = second + encode_frame(2, DB, &effect(2)).len();
-        bytes[third + 40] ^= 1;
-        let seen = Seen::read(Some(&bytes), DB);
-        assert_eq!(seqs(&seen.run_above(0)), [1, 2]);
-        assert_eq!(problem(Some(&bytes), &in_use(0, 0, 1024)), None);
+        let mut bytes = log_of(0, &[1, 2, 3]);
+        bytes[frame_at(2) + 40] ^= 1;
+        assert_eq!(seqs(&seen(&bytes).run_above(0)), [1, 2]);
+        assert_eq!(problem(Some(&bytes), &in_use(0, 1024)), None);
+    }
+
+    #[test]
+    fn a_torn_first_frame_of_a_cycle_may_damage_the_old_cycle_behind_the_run() {
+        // The cycle sector says 12: frame 13 was being written at the first frame offset and
+        // tore, its first sector lost and later ones over frames 2 and 3 of the old cycle.
+        let mut bytes = log_of(12, &[1, 2, 3, 4]);
+        bytes[frame_at(1) + 40] ^= 1;
+        bytes[frame_at(2) + 40] ^= 1;
+        assert_eq!(seqs(&seen(&bytes).run_above(0)), [1]);
+        assert_eq!(problem(Some(&bytes), &in_use(12, 1024)), None);
     }
 
     #[test]
     fn a_database_in_use_refuses_a_missing_cut_damaged_or_replaced_log() {
-        let bytes = log_of(&[4, 5, 6]);
+        let bytes = log_of(5, &[4, 5, 6]);
         let len = bytes.len() as u64;
-        let recorded = in_use(5, 0, len);
+        let recorded = in_use(5, len);
         assert_eq!(problem(Some(&bytes), &recorded), None);
         assert_eq!(
             problem(None, &recorded),
@@ -335,54 +397,75 @@ mod tests {
     }
 
     #[test]
-    fn a_run_that_ends_below_the_checkpoint_is_an_older_log() {
-        let bytes = log_of(&[4, 5, 6]);
+    fn a_cycle_sector_behind_the_checkpoint_is_an_older_log_unless_the_run_reaches_it() {
+        // Rolled back: the log as it was before checkpoints 7 and 9.
+        let bytes = log_of(3, &[4, 5, 6]);
         assert_eq!(
-            problem(Some(&bytes), &in_use(9, 0, 1024)),
+            problem(Some(&bytes), &in_use(9, 1024)),
             Some(LogProblem::Older {
                 last: 6,
                 checkpoint: 9
             })
         );
         assert_eq!(problem(Some(&bytes), &clean(9)), None);
+        // A crash between checkpoint 6's commit and the cycle sector's rewrite.
+        assert_eq!(problem(Some(&bytes), &in_use(6, 1024)), None);
+        // The rewrite torn: the same.
+        let mut torn = bytes.clone();
+        torn[512 + 9] ^= 1;
+        assert_eq!(problem(Some(&torn), &in_use(6, 1024)), None);
+        assert_eq!(
+            problem(Some(&torn), &in_use(9, 1024)),
+            Some(LogProblem::HeaderDamaged)
+        );
     }
 
     #[test]
-    fn zeros_where_a_frame_was_synced_are_an_erased_log() {
-        let mut bytes = log_of(&[4, 5, 6]);
+    fn zeros_in_the_cycle_sector_are_an_erased_log_and_zeroed_frames_are_undetectable() {
+        let mut bytes = log_of(3, &[4, 5, 6]);
+        bytes[FRAMES_START as usize..].fill(0);
+        assert_eq!(problem(Some(&bytes), &in_use(3, 1024)), None);
         bytes[512..].fill(0);
-        // The checkpoint moved past the log's creation: a frame was synced at 512.
         assert_eq!(
-            problem(Some(&bytes), &in_use(6, 3, 1024)),
-            Some(LogProblem::Erased { checkpoint: 6 })
+            problem(Some(&bytes), &in_use(3, 1024)),
+            Some(LogProblem::Erased { checkpoint: 3 })
         );
-        // Not yet: a log with no frame synced looks the same.
-        assert_eq!(problem(Some(&bytes), &in_use(6, 6, 1024)), None);
-        // A torn frame there is not zeros.
-        let mut torn = log_of(&[7]);
-        torn[600] ^= 1;
-        assert_eq!(problem(Some(&torn), &in_use(6, 3, 1024)), None);
     }
 
     #[test]
     fn a_log_of_another_database_is_foreign_whatever_the_state() {
-        let mut bytes = log_of(&[1]);
+        let mut bytes = log_of(0, &[1]);
         bytes[..512].copy_from_slice(&encode_header(DB + 1, LOG));
         let foreign = Some(LogProblem::Foreign {
             found: DB + 1,
             expected: DB,
         });
-        assert_eq!(problem(Some(&bytes), &in_use(0, 0, 1024)), foreign);
+        assert_eq!(problem(Some(&bytes), &in_use(0, 1024)), foreign);
         assert_eq!(problem(Some(&bytes), &clean(0)), foreign);
     }
 
     #[test]
     fn an_accepted_loss_keeps_every_intact_frame_above_the_checkpoint_once() {
-        let mut bytes = log_of(&[1, 2, 3, 4]);
-        let second = HEADER_LEN as usize + encode_frame(1, DB, &effect(1)).len();
-        bytes[second + 40] ^= 1;
-        let seen = Seen::read(Some(&bytes), DB);
+        let mut bytes = log_of(0, &[1, 2, 3, 4]);
+        bytes[frame_at(1) + 40] ^= 1;
+        let seen = seen(&bytes);
         assert_eq!(seqs(&seen.every_frame_above(1)), [3, 4]);
         assert_eq!(seen.newest_seq(), 4);
+    }
+
+    #[test]
+    fn a_version_1_log_has_its_frames_after_the_header() {
+        let mut bytes = encode_header(DB, LOG);
+        // As version 1 wrote it (no log identity, frames at 512).
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        bytes[24..40].fill(0);
+        let sum = xxhash_rust::xxh3::xxh3_64(&bytes[0..24]);
+        bytes[24..32].copy_from_slice(&sum.to_le_bytes());
+        for s in [1, 2] {
+            bytes.extend(encode_frame(s, DB, &effect(s)));
+        }
+        let seen = Seen::read(Some(&bytes), DB, None);
+        assert_eq!(seen.cycle, None);
+        assert_eq!(seqs(&seen.run_above(0)), [1, 2]);
     }
 }

@@ -9,7 +9,7 @@ use crate::config::Limits;
 use crate::decide::{Decision, Replay, check_owner, decide, new_owner};
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::meta::{META, NEXT_TOKEN_KEY, TOKEN_BLOCK};
+use crate::meta::{META, NEXT_TOKEN_KEY};
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
@@ -109,7 +109,7 @@ pub(super) fn apply_segment(
     engine: &Engine,
     ops: Vec<WriteOp>,
     ctx: &mut Ctx<'_>,
-    token_ceiling: u64,
+    (token_ceiling, token_block): (u64, u64),
 ) -> Result<Segment, Error> {
     let mut txn = engine.db.begin_write()?;
     txn.set_durability(Durability::None)?;
@@ -128,7 +128,7 @@ pub(super) fn apply_segment(
     let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
     let mut ceiling = None;
     if commits && *ctx.next_token > token_ceiling {
-        let raised = ctx.next_token.saturating_add(TOKEN_BLOCK);
+        let raised = ctx.next_token.saturating_add(token_block);
         txn.open_table(META)?
             .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
         ceiling = Some(raised);

@@ -13,7 +13,7 @@ use redb::WriteTransaction;
 
 use super::{LeaderState, Writer};
 use crate::error::Error;
-use crate::meta::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY, TOKEN_BLOCK};
+use crate::meta::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY};
 use crate::stats::Counter;
 
 impl Writer {
@@ -73,8 +73,9 @@ impl Writer {
         leader: &mut LeaderState,
         in_use: bool,
     ) -> Result<(), Error> {
-        let raise = leader.next_token.saturating_add(TOKEN_BLOCK / 2) > leader.token_ceiling;
-        let ceiling = leader.next_token.saturating_add(TOKEN_BLOCK);
+        let block = self.config.token_block;
+        let raise = leader.next_token.saturating_add(block / 2) > leader.token_ceiling;
+        let ceiling = leader.next_token.saturating_add(block);
         {
             let mut meta = txn.open_table(META)?;
             meta.insert(CHECKPOINT_KEY, &leader.log.last_seq().to_le_bytes()[..])?;
@@ -88,7 +89,7 @@ impl Writer {
         if raise {
             leader.token_ceiling = ceiling;
         }
-        leader.log.checkpointed();
+        leader.log.checkpointed()?;
         self.engine.stats.add(Counter::Checkpoints);
         Ok(())
     }

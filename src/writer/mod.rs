@@ -253,7 +253,8 @@ impl Writer {
                 limits: &engine.limits,
                 tables: &engine.tables,
             };
-            let segment = apply_segment(engine, seg_ops, &mut ctx, leader.token_ceiling);
+            let ceiling = (leader.token_ceiling, self.config.token_block);
+            let segment = apply_segment(engine, seg_ops, &mut ctx, ceiling);
             let Segment {
                 txn,
                 applied,
