@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use idemdb::ManualClock;
-use idemdb::redb::{ReadableDatabase, TableDefinition};
 use idemdb::testing::{
-    FaultBackend, KeyLog, SECTOR, Script, TearMode, check_recovered, check_recovered_or_refused,
-    check_tokens_after_loss, open_workload, run_workload,
+    FaultBackend, KeyLog, LogLayout, SECTOR, Script, TearMode, check_recovered,
+    check_recovered_or_refused, check_tokens_after_loss, open_workload, recorded_log, run_workload,
 };
 
 const THREADS: usize = 4;
@@ -64,51 +63,6 @@ struct Losses {
     undetectable: u64,
 }
 
-/// What the crash image's database file says of its log: its checkpoint, and whether it was
-/// in use (not closed cleanly). Read with redb alone (docs/design.md §1.1).
-fn recorded_log(db: &[u8]) -> (u64, bool) {
-    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
-    let raw = idemdb::redb::Builder::new()
-        .create_with_backend(FaultBackend::from_image(db.to_vec()))
-        .unwrap();
-    let read = raw.begin_read().unwrap();
-    let meta = read.open_table(META).unwrap();
-    let u64_at = |v: &[u8], at: usize| u64::from_le_bytes(v[at..at + 8].try_into().unwrap());
-    let checkpoint = meta
-        .get("log_checkpoint")
-        .unwrap()
-        .map_or(0, |v| u64_at(v.value(), 0));
-    let in_use = meta
-        .get("log")
-        .unwrap()
-        .is_some_and(|v| u64_at(v.value(), 24) & 1 == 1);
-    (checkpoint, in_use)
-}
-
-/// The newest frame of the run at the start of a durable log image (docs/design.md §5.6:
-/// frames from offset 1024, after the header and the cycle sector, magic `IDMF`, payload
-/// length at 4, sequence number at 8, padded to 512 bytes); `None` if it has none.
-fn run_last(log: &[u8]) -> Option<u64> {
-    let (mut at, mut last) = (2 * SECTOR, None);
-    while log.get(at..at + 4) == Some(b"IDMF") {
-        let len = u32::from_le_bytes(log[at + 4..at + 8].try_into().unwrap()) as usize;
-        let seq = u64::from_le_bytes(log[at + 8..at + 16].try_into().unwrap());
-        if last.is_some_and(|l: u64| seq != l + 1) {
-            break;
-        }
-        last = Some(seq);
-        at += (32 + len).div_ceil(SECTOR) * SECTOR;
-    }
-    last
-}
-
-/// The checkpoint the log's cycle sector holds (docs/design.md §5.6: sector 1, magic `IDMC`,
-/// the checkpoint at 8).
-fn cycle_of(log: &[u8]) -> Option<u64> {
-    (log.get(SECTOR..SECTOR + 4) == Some(b"IDMC"))
-        .then(|| u64::from_le_bytes(log[SECTOR + 8..SECTOR + 16].try_into().unwrap()))
-}
-
 /// Opens the crash image of `r` with its log deleted, cut at every sector boundary from the
 /// header to the end of its frames, and rolled back to earlier images of itself (four, spread
 /// over the run). A deleted or cut log, and a log rolled back to before the checkpoint's cycle,
@@ -119,7 +73,7 @@ fn cycle_of(log: &[u8]) -> Option<u64> {
 fn check_log_losses(r: &Run) -> Losses {
     let db = r.disk.live_image();
     let log = r.disk.log().live_image();
-    let (checkpoint, in_use) = recorded_log(&db);
+    let (checkpoint, in_use) = recorded_log(&db).unwrap();
     let frames_end = log.iter().rposition(|&b| b != 0).map_or(SECTOR, |i| i + 1);
     // (what, log, must hold every acknowledged outcome)
     let mut variants: Vec<(String, Vec<u8>, bool)> = vec![("deleted".into(), Vec::new(), true)];
@@ -143,8 +97,9 @@ fn check_log_losses(r: &Run) -> Losses {
             // and its run does not reach it (as it would at a crash between a checkpoint's
             // commit and the cycle sector's rewrite).
             let image = &history[i];
-            let detectable = cycle_of(image).is_some_and(|h| h < checkpoint)
-                && run_last(image) != Some(checkpoint);
+            let layout = LogLayout::read(image);
+            let detectable =
+                layout.cycle.is_some_and(|h| h < checkpoint) && layout.last() != Some(checkpoint);
             variants.push((
                 format!("rolled back to sync {i}"),
                 image.clone(),

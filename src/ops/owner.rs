@@ -182,7 +182,7 @@ impl IdemDb {
         ))
     }
 
-    fn prepare_finish(
+    pub(crate) fn prepare_finish(
         &self,
         res: &Reservation,
         state: RecordState,
@@ -226,7 +226,7 @@ impl IdemDb {
         })
     }
 
-    fn prepare_release(&self, res: &Reservation) -> Call<'static, Done> {
+    pub(crate) fn prepare_release(&self, res: &Reservation) -> Call<'static, Done> {
         let prepared = self.check_issuer(res).map(|()| {
             let op = owner_op(res, RecordOp::Release { token: res.token });
             Call::submit(op, done)

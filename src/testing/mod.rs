@@ -5,9 +5,11 @@
 mod backend;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod steps;
 mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
+pub use steps::{Step, run_steps};
 pub use workload::{
     CrashCheck, KeyLog, Script, check_recovered, check_recovered_or_refused,
     check_tokens_after_loss, open_workload, run_script, run_workload,
@@ -28,4 +30,45 @@ pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
         .fail_refresh
         .store(true, std::sync::atomic::Ordering::SeqCst);
     snapshots.refresh();
+}
+
+/// What a log's bytes say, read from them alone (docs/design.md §5.6): for tests that alter a
+/// log and must know whether the change is one an open can detect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogLayout {
+    /// The checkpoint its cycle sector holds (`None`: no valid cycle sector).
+    pub cycle: Option<u64>,
+    /// The run at the start of its frames: (offset, length in bytes, sequence number).
+    pub run: Vec<(u64, u64, u64)>,
+}
+
+impl LogLayout {
+    /// Reads `log`, a whole log file.
+    pub fn read(log: &[u8]) -> LogLayout {
+        let (cycle, run) = crate::wal::layout(log);
+        LogLayout { cycle, run }
+    }
+
+    /// The newest frame of the run.
+    pub fn last(&self) -> Option<u64> {
+        self.run.last().map(|(_, _, seq)| *seq)
+    }
+}
+
+/// What a database file's durable image records of its log: the checkpoint (the last frame it
+/// holds), and whether it was in use (not closed cleanly). Read with redb alone.
+pub fn recorded_log(database: &[u8]) -> Result<(u64, bool), String> {
+    use redb::ReadableDatabase;
+    let raw = redb::Builder::new()
+        .create_with_backend(FaultBackend::from_image(database.to_vec()))
+        .map_err(|e| e.to_string())?;
+    let read = raw.begin_read().map_err(|e| e.to_string())?;
+    let meta = read
+        .open_table(crate::meta::META)
+        .map_err(|e| e.to_string())?;
+    let recorded = crate::wal::read_log_record(&meta).map_err(|e| e.to_string())?;
+    Ok((
+        recorded.checkpoint,
+        recorded.state.is_some_and(|s| s.in_use),
+    ))
 }

@@ -28,7 +28,7 @@ pub const ROWS: TableDefinition<&str, &[u8]> = TableDefinition::new("crash_rows"
 /// Not registered on the builder: `Script::FailWith` also writes here, so that its batch
 /// takes the durable-commit path while every other closure's batch is logged.
 const UNLOGGED: TableDefinition<&str, u64> = TableDefinition::new("crash_unlogged");
-const LONG_LEASE: Duration = Duration::from_secs(86_400);
+pub(super) const LONG_LEASE: Duration = Duration::from_secs(86_400);
 const SHORT_LEASE: Duration = Duration::from_secs(5);
 
 /// One key's life.
@@ -77,7 +77,28 @@ const EXPIRING_OP: &str = "crash-expire";
 
 /// Opens a workload database over `backend` on `clock`, with the workload's retention (below).
 pub fn open_workload(backend: super::FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
-    open_workload_with(backend, clock, true)
+    open_workload_with(backend, clock, true, Checkpoints::AlsoBySizeAndAge)
+}
+
+/// Who takes a workload database's checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkpoints {
+    /// The committer thread too, by size (every 64 KiB of frames) and age: the engine as it
+    /// runs, but when a checkpoint happens depends on thread scheduling.
+    AlsoBySizeAndAge,
+    /// Only the writer itself, in the batches that take a durable commit (a raised token
+    /// ceiling, an unregistered table, a log that grows), and compaction: a run is the same
+    /// every time, as a fuzz target needs.
+    WriterOnly,
+}
+
+/// [`open_workload`], with `checkpoints` taken as it says.
+pub fn open_workload_as(
+    backend: super::FaultBackend,
+    clock: &ManualClock,
+    checkpoints: Checkpoints,
+) -> Result<IdemDb, Error> {
+    open_workload_with(backend, clock, true, checkpoints)
 }
 
 /// [`open_workload`], verifying every page checksum or not (a variant of a crash image whose
@@ -86,14 +107,20 @@ fn open_workload_with(
     backend: super::FaultBackend,
     clock: &ManualClock,
     verify: bool,
+    checkpoints: Checkpoints,
 ) -> Result<IdemDb, Error> {
+    let (bytes, age) = match checkpoints {
+        // Small, so that runs cross checkpoints taken by size as well as by close,
+        // compaction and caller code writing an unregistered table.
+        Checkpoints::AlsoBySizeAndAge => (64 << 10, Duration::from_secs(1)),
+        Checkpoints::WriterOnly => (1 << 40, Duration::from_secs(86_400)),
+    };
     IdemDb::builder()
         .verify_on_open(verify)
         .clock(clock.clone())
         .retention(workload_retention())
-        // Small, so that runs cross checkpoints taken by size as well as by close, compaction
-        // and caller code writing an unregistered table.
-        .checkpoint_bytes(64 << 10)
+        .checkpoint_bytes(bytes)
+        .checkpoint_interval(age)
         // Small, so that batches raise the durable token ceiling (a durable commit) often.
         .token_block(64)
         .table(ROWS)
@@ -114,7 +141,7 @@ fn workload_retention() -> Retention {
 }
 
 #[derive(Clone, PartialEq, Eq)]
-enum Expect {
+pub(super) enum Expect {
     Absent,
     /// A token, or `None` for a reservation whose token was never returned.
     InProgress(Option<u64>),
@@ -152,7 +179,7 @@ impl std::fmt::Debug for Expect {
 /// What one key's caller was told, and what was in flight when the crash struck.
 #[derive(Debug, Clone)]
 pub struct KeyLog {
-    key: String,
+    pub(super) key: String,
     acked: Expect,
     in_flight: Option<Expect>,
     max_token: u64,
@@ -162,11 +189,18 @@ pub struct KeyLog {
     dropped: bool,
     /// The call in flight is a compaction (partition drops).
     compacting: bool,
+    /// A message id of the inbox consumer [`INBOX`] rather than a key of the workload's scope.
+    pub(super) inbox: bool,
 }
 
+/// The inbox consumer of the fuzzed workload's polls (steps.rs).
+pub(super) const INBOX: &str = "crash-inbox";
+
 impl KeyLog {
-    fn scope(&self) -> Scope {
-        if self.key.ends_with(&format!("{:?}", Script::Expire)) {
+    pub(super) fn scope(&self) -> Scope {
+        if self.inbox {
+            Scope::new(INBOX, "")
+        } else if self.key.ends_with(&format!("{:?}", Script::Expire)) {
             expiring_scope()
         } else {
             scope()
@@ -183,6 +217,7 @@ impl KeyLog {
             acked_calls: 0,
             dropped: false,
             compacting: false,
+            inbox: false,
         }
     }
 
@@ -215,9 +250,29 @@ impl KeyLog {
         self.acked = Expect::InProgress(Some(r.token().get()));
         self.max_token = self.max_token.max(r.token().get());
     }
+
+    /// A call that shares its commit with others is under way: `predicted` if it happens.
+    pub(super) fn begin(&mut self, predicted: Expect) {
+        self.in_flight = Some(predicted);
+    }
+
+    /// The call begun was answered: its predicted state is acknowledged.
+    pub(super) fn answered(&mut self) {
+        if let Some(state) = self.in_flight.take() {
+            self.acked = state;
+            self.acked_calls += 1;
+        }
+    }
+
+    /// The reservation begun was answered `Acquired(r)`.
+    pub(super) fn answered_acquired(&mut self, r: &Reservation) {
+        self.in_flight = None;
+        self.acquired(r);
+        self.acked_calls += 1;
+    }
 }
 
-fn scope() -> Scope {
+pub(super) fn scope() -> Scope {
     Scope::new("crash", "workload")
 }
 
@@ -226,7 +281,7 @@ fn expiring_scope() -> Scope {
 }
 
 /// A response long enough to span several sectors, different for every key and step.
-fn response(key: &str, step: &str) -> Vec<u8> {
+pub(super) fn response(key: &str, step: &str) -> Vec<u8> {
     let seed = xxhash_rust::xxh3::xxh3_64(format!("{key}/{step}").as_bytes());
     let len = 200 + (seed % 1800) as usize;
     (0..len)
@@ -302,7 +357,7 @@ fn reserve_in(
     Some(r)
 }
 
-fn log_payload() -> &'static [u8] {
+pub(super) fn log_payload() -> &'static [u8] {
     b"crash-workload-payload"
 }
 
@@ -522,7 +577,7 @@ pub fn check_recovered_or_refused(
     clock: ManualClock,
     logs: &[KeyLog],
 ) -> Result<Option<CrashCheck>, String> {
-    match open_workload_with(disk, &clock, false) {
+    match open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge) {
         Ok(db) => check_reopened(db, logs, true).map(Some),
         Err(Error::LogRefused { .. }) => Ok(None),
         Err(e) => Err(format!("reopen failed: {e}")),
@@ -539,7 +594,7 @@ pub fn check_tokens_after_loss(
     clock: ManualClock,
     logs: &[KeyLog],
 ) -> Result<Option<CrashCheck>, String> {
-    match open_workload_with(disk, &clock, false) {
+    match open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge) {
         Ok(db) => check_reopened(db, logs, false).map(Some),
         Err(Error::LogRefused { .. }) => Ok(None),
         Err(e) => Err(format!("reopen failed: {e}")),

@@ -23,7 +23,11 @@ use crate::error::Error;
 pub(crate) use frame::Effect;
 pub(crate) use frame::fits;
 use frame::{CYCLE_AT, FRAMES_START, encode_cycle, encode_frame, encode_header};
+#[cfg(feature = "fault-injection")]
+pub(crate) use recover::read_log_record;
 pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
+#[cfg(feature = "fault-injection")]
+pub(crate) use scan::layout;
 pub(crate) use state::LogState;
 
 /// The log file preallocated at creation, and the step it grows by: zero-filled, so that an

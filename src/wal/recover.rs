@@ -238,29 +238,37 @@ struct Known {
     last_loss: Option<LogLoss>,
 }
 
+type ReadMeta = redb::ReadOnlyTable<&'static str, &'static [u8]>;
+
 fn read_recorded(db: &Database) -> Result<Known, Error> {
     let txn = db.begin_read()?;
     let meta = txn.open_table(META)?;
-    let u64_entry = |key: &str| -> Result<Option<u64>, Error> {
-        meta.get(key)?
-            .map(|v| {
-                v.value()
-                    .try_into()
-                    .map(u64::from_le_bytes)
-                    .map_err(|_| Error::Corrupted(format!("the meta entry {key:?} is not 8 bytes")))
-            })
-            .transpose()
-    };
     let (losses, last_loss) = read_losses(&meta)?;
     Ok(Known {
-        log: Recorded {
-            checkpoint: u64_entry(CHECKPOINT_KEY)?.unwrap_or(0),
-            state: read_state(&meta)?,
-        },
-        ceiling: u64_entry(NEXT_TOKEN_KEY)?.unwrap_or(1),
+        log: read_log_record(&meta)?,
+        ceiling: u64_entry(&meta, NEXT_TOKEN_KEY)?.unwrap_or(1),
         losses,
         last_loss,
     })
+}
+
+/// The checkpoint and the log's record, from the meta table.
+pub(crate) fn read_log_record(meta: &ReadMeta) -> Result<Recorded, Error> {
+    Ok(Recorded {
+        checkpoint: u64_entry(meta, CHECKPOINT_KEY)?.unwrap_or(0),
+        state: read_state(meta)?,
+    })
+}
+
+fn u64_entry(meta: &ReadMeta, key: &str) -> Result<Option<u64>, Error> {
+    meta.get(key)?
+        .map(|v| {
+            v.value()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| Error::Corrupted(format!("the meta entry {key:?} is not 8 bytes")))
+        })
+        .transpose()
 }
 
 /// Above every token the log's intact frames show: in records they store, or ceilings they

@@ -111,12 +111,41 @@ impl Seen {
     }
 }
 
+/// For tests (`testing::LogLayout`): the checkpoint the cycle sector holds, and the run's
+/// frames as (offset, length, sequence number), read from a log's bytes alone.
+#[cfg(feature = "fault-injection")]
+pub(crate) fn layout(bytes: &[u8]) -> (Option<u64>, Vec<(u64, u64, u64)>) {
+    let database_id = match decode_header(bytes) {
+        Header::Of { database_id, .. } => database_id,
+        Header::Invalid => return (None, Vec::new()),
+    };
+    let seen = Seen::read(Some(bytes), database_id, None);
+    let cycle = match seen.cycle {
+        Some(Cycle::After(c)) => Some(c),
+        _ => None,
+    };
+    let mut at = match seen.cycle {
+        Some(_) => FRAMES_START,
+        None => CYCLE_AT,
+    };
+    let run = seen
+        .run
+        .iter()
+        .map(|f| {
+            let span = (at, f.len, f.seq);
+            at += f.len;
+            span
+        })
+        .collect();
+    (cycle, run)
+}
+
 /// What the database file records of its log, read at open.
-pub(super) struct Recorded {
+pub(crate) struct Recorded {
     /// The last frame the database file holds (meta `log_checkpoint`).
-    pub(super) checkpoint: u64,
+    pub(crate) checkpoint: u64,
     /// Its record of the log (none in a new database, or one of format 4).
-    pub(super) state: Option<LogState>,
+    pub(crate) state: Option<LogState>,
 }
 
 /// The evidence, if any, that the log lacks what the database relies on, or is not its log.
