@@ -6,13 +6,10 @@ mod common;
 use common::stores::{fresh_database_url, runtime};
 use idemdb::{Error, PgStore};
 
-async fn client(url: &str) -> idemdb::tokio_postgres::Client {
-    let (client, connection) = idemdb::tokio_postgres::connect(url, idemdb::tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
+/// The schema version this build writes.
+const SCHEMA: u32 = 2;
+
+use common::stores::admin as client;
 
 #[test]
 fn connect_refuses_a_database_without_the_schema() {
@@ -38,9 +35,12 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
             })
             .collect();
         for t in tasks {
-            assert_eq!(t.await.unwrap().unwrap(), 1);
+            assert_eq!(t.await.unwrap().unwrap(), SCHEMA);
         }
-        assert_eq!(PgStore::builder(&url).unwrap().migrate().await.unwrap(), 1);
+        assert_eq!(
+            PgStore::builder(&url).unwrap().migrate().await.unwrap(),
+            SCHEMA
+        );
         let c = client(&url).await;
         let meta: i64 = c
             .query_one("SELECT count(*) FROM idemdb_meta", &[])
@@ -66,7 +66,7 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
 }
 
 #[test]
-fn a_schema_of_a_newer_build_is_refused() {
+fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
     runtime().block_on(async {
         let url = fresh_database_url();
         let builder = PgStore::builder(&url).unwrap();
@@ -82,13 +82,30 @@ fn a_schema_of_a_newer_build_is_refused() {
                 refused,
                 Err(Error::UnsupportedFormat {
                     found: 99,
-                    supported: 1
+                    supported: SCHEMA
                 })
             ),
             "{:?}",
             refused.err()
         );
-        // migrate leaves it alone.
-        assert_eq!(builder.migrate().await.unwrap(), 99);
+        // migrate refuses it too, as its doc says, and leaves it alone.
+        let migrated = builder.migrate().await;
+        assert!(
+            matches!(
+                migrated,
+                Err(Error::UnsupportedFormat {
+                    found: 99,
+                    supported: SCHEMA
+                })
+            ),
+            "{migrated:?}"
+        );
+        let version: i32 = client(&url)
+            .await
+            .query_one("SELECT schema_version FROM idemdb_meta", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, 99);
     });
 }

@@ -17,6 +17,8 @@ mod partitions;
 mod reserve;
 mod rows;
 mod schema;
+mod server_time;
+mod sql;
 mod stats;
 mod wait;
 
@@ -43,11 +45,13 @@ use crate::store::Store;
 use crate::token::Reservation;
 use errors::database;
 use partitions::Partitions;
+use rows::Found;
+use server_time::ServerTime;
 use stats::Owned;
 use wait::Waits;
 
 /// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
-/// engine (retention, limits, clock).
+/// engine (retention, limits).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), idemdb::Error> {
@@ -124,8 +128,11 @@ impl PgStoreBuilder {
         self
     }
 
-    /// The clock leases and expiry are read from (default: the system clock). Instances that
-    /// share a database must agree on the time to well within a lease.
+    /// This instance's clock (default: the system clock). The store judges no lease and no
+    /// expiry by it, and writes no time from it: every time is the server's, read by the
+    /// statement that acts on it, so instances whose clocks disagree (by minutes or days)
+    /// still run each intent once. It is only compared with the server's, for
+    /// [`PgStats::clock_skew_ms`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -161,6 +168,7 @@ impl PgStoreBuilder {
     pub async fn connect(self) -> Result<PgStore, Error> {
         self.retention.validate()?;
         self.limits.validate()?;
+        record_fits(&self.limits)?;
         let manager = deadpool_postgres::Manager::from_config(
             self.config.clone(),
             tokio_postgres::NoTls,
@@ -175,9 +183,10 @@ impl PgStoreBuilder {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| Error::Database(Arc::new(e)))?;
-        let meta = {
+        let (meta, server_ms) = {
             let client = pool.get().await.map_err(errors::pool)?;
-            schema::Meta::read(&client).await?
+            let meta = schema::Meta::read(&client).await?;
+            (meta, schema::server_now(&client).await?)
         };
         let rules = self.retention.rules();
         let inner = Arc::new(Inner {
@@ -188,6 +197,7 @@ impl PgStoreBuilder {
             limits: self.limits,
             retention: self.retention,
             rules,
+            server: ServerTime::new(server_ms, self.clock.now_ms()),
             clock: self.clock,
             waits: Arc::new(Waits::default()),
             wait_poll: self.wait_poll,
@@ -231,7 +241,9 @@ pub(crate) struct Inner {
     limits: Limits,
     retention: Retention,
     rules: Rules,
+    /// This instance's clock: compared with the server's, never used to judge.
     clock: Arc<dyn Clock>,
+    server: ServerTime,
     partitions: Partitions,
     waits: Arc<Waits>,
     wait_poll: Duration,
@@ -246,9 +258,12 @@ impl PgStore {
         self.inner.compact().await
     }
 
-    /// What this instance's callers were told since connect, and its pool now.
+    /// What this instance's callers were told since connect, its pool now, and how far its
+    /// clock is from the server's.
     pub fn stats(&self) -> PgStats {
-        self.inner.counters.snapshot(&self.inner.pool)
+        let mut stats = self.inner.counters.snapshot(&self.inner.pool);
+        stats.clock_skew_ms = self.inner.server.skew_ms();
+        stats
     }
 
     /// The connection pool, for the service's own statements outside idemdb's transactions.
@@ -261,10 +276,8 @@ impl Inner {
     async fn compact(&self) -> Result<PgCompaction, Error> {
         let mut report = PgCompaction::default();
         let client = self.pool.get().await.map_err(errors::pool)?;
-        let now = self.clock.now_ms();
-        self.partitions
-            .drop_expired(&client, now, &mut report)
-            .await?;
+        let now = self.partitions.drop_expired(&client, &mut report).await?;
+        self.server.saw(now, self.clock.now_ms());
         // The partitions the next writes go to: a finished record's, and an owner's lease
         // beyond it, for each TTL.
         let mut ttls: Vec<u64> = self.rules.ttls().collect();
@@ -281,6 +294,56 @@ impl Inner {
         }
         Ok(report)
     }
+
+    /// A statement read the store's time: noted for estimates and the skew.
+    fn seen(&self, found: Found) -> Found {
+        self.server.saw(found.now_ms, self.clock.now_ms());
+        found
+    }
+
+    /// The server's time now, estimated (for partitions made ahead of a write only).
+    fn server_time(&self) -> u64 {
+        self.server.estimate()
+    }
+
+    /// Makes the partition a write found missing (`at`: the partition key the server named;
+    /// without it, every partition is looked at again by the next writes).
+    async fn remake_partition(&self, at: Option<u64>) -> Result<(), Error> {
+        let Some(at) = at else {
+            self.partitions.forget_all();
+            return Ok(());
+        };
+        let client = self.pool.get().await.map_err(errors::pool)?;
+        self.partitions
+            .remake(&client, at)
+            .await
+            .map_err(database)?;
+        Ok(())
+    }
+}
+
+/// The most a record's key parts and response may add up to: a statement's parameters travel
+/// in one protocol message, and the server refuses messages of 1 GB and more.
+const MAX_RECORD_BYTES: usize = 512 << 20;
+
+/// Refuses limits a record could exceed: every record the limits accept must be storable.
+fn record_fits(limits: &Limits) -> Result<(), Error> {
+    let len = [
+        limits.max_operation_len,
+        limits.max_principal_len,
+        limits.max_key_len,
+        limits.max_response_len,
+    ]
+    .iter()
+    .fold(0usize, |sum, l| sum.saturating_add(*l));
+    if len > MAX_RECORD_BYTES {
+        return Err(Error::InvalidInput(crate::error::InputError::TooLong {
+            what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
+            len,
+            max: MAX_RECORD_BYTES,
+        }));
+    }
+    Ok(())
 }
 
 async fn compactor(inner: Weak<Inner>, every: Duration) {

@@ -186,38 +186,7 @@ impl TestServer {
             COUNTER.fetch_add(1, Ordering::Relaxed),
             nanos()
         );
-        let url = self.url.clone();
-        let create = format!("CREATE DATABASE \"{name}\"");
-        std::thread::Builder::new()
-            .name("idemdb-pg-create".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| format!("building a tokio runtime: {e}"))?;
-                runtime.block_on(async move {
-                    let (client, connection) = tokio::time::timeout(
-                        CREATE_TIMEOUT,
-                        tokio_postgres::connect(&url, tokio_postgres::NoTls),
-                    )
-                    .await
-                    .map_err(|_| format!("connecting to {url}: timed out"))?
-                    .map_err(|e| format!("connecting to {url}: {e}"))?;
-                    let connection = tokio::spawn(connection);
-                    let created =
-                        tokio::time::timeout(CREATE_TIMEOUT, client.batch_execute(&create))
-                            .await
-                            .map_err(|_| format!("{create}: timed out"))
-                            .and_then(|r| r.map_err(|e| format!("{create}: {e}")));
-                    drop(client);
-                    // The connection ends once the client is gone.
-                    let _ = connection.await;
-                    created
-                })
-            })
-            .map_err(|e| format!("spawning a thread: {e}"))?
-            .join()
-            .map_err(|_| "the thread creating a database panicked".to_owned())??;
+        execute_on(&self.url, format!("CREATE DATABASE \"{name}\""))?;
         Ok(with_database(&self.url, &name))
     }
 
@@ -280,6 +249,95 @@ impl TestServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// Runs the statement `sql` on the database at `url`, on a thread of its own with its own
+/// tokio runtime (so that it may be called from inside a runtime as well as from plain code).
+/// Blocks until it is done.
+fn execute_on(url: &str, sql: String) -> Result<(), String> {
+    let url = url.to_owned();
+    std::thread::Builder::new()
+        .name("idemdb-pg-statement".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("building a tokio runtime: {e}"))?;
+            runtime.block_on(async move {
+                let (client, connection) = tokio::time::timeout(
+                    CREATE_TIMEOUT,
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls),
+                )
+                .await
+                .map_err(|_| format!("connecting to {url}: timed out"))?
+                .map_err(|e| format!("connecting to {url}: {e}"))?;
+                let connection = tokio::spawn(connection);
+                let done = tokio::time::timeout(CREATE_TIMEOUT, client.batch_execute(&sql))
+                    .await
+                    .map_err(|_| format!("{sql}: timed out"))
+                    .and_then(|r| r.map_err(|e| format!("{sql}: {e}")));
+                drop(client);
+                // The connection ends once the client is gone.
+                let _ = connection.await;
+                done
+            })
+        })
+        .map_err(|e| format!("spawning a thread: {e}"))?
+        .join()
+        .map_err(|_| "the thread running a statement panicked".to_owned())?
+}
+
+/// The store's time on one database, frozen and moved by hand: what
+/// [`ManualClock`](crate::ManualClock) is to the embedded engine. `PgStore` reads every time
+/// from the server (semantics.md §12), and the server's time is
+/// `idemdb_meta.frozen_now_ms` when set: this sets it, for every instance on the database at
+/// once, from their next statement on. Clones share the time. The schema must be migrated.
+#[derive(Debug, Clone)]
+pub struct ServerClock {
+    url: String,
+    now: std::sync::Arc<AtomicU64>,
+}
+
+impl ServerClock {
+    /// Freezes the store's time of the database at `url` at `at_ms`.
+    pub fn freeze(url: &str, at_ms: u64) -> Result<ServerClock, String> {
+        let clock = ServerClock {
+            url: url.to_owned(),
+            now: std::sync::Arc::new(AtomicU64::new(at_ms)),
+        };
+        clock.set(at_ms)?;
+        Ok(clock)
+    }
+
+    /// Sets the time to `ms`, forwards or backwards.
+    pub fn set(&self, ms: u64) -> Result<(), String> {
+        let ms_sql = i64::try_from(ms).map_err(|_| format!("{ms} ms is past bigint"))?;
+        execute_on(
+            &self.url,
+            format!("UPDATE idemdb_meta SET frozen_now_ms = {ms_sql} WHERE id = 1"),
+        )?;
+        self.now.store(ms, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Moves the time forward by `by`.
+    pub fn advance(&self, by: Duration) -> Result<(), String> {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.set(self.now_ms().saturating_add(by))
+    }
+
+    /// The time it was last set to, ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    /// Gives the database back the server's own clock.
+    pub fn thaw(&self) -> Result<(), String> {
+        execute_on(
+            &self.url,
+            "UPDATE idemdb_meta SET frozen_now_ms = NULL WHERE id = 1".to_owned(),
+        )
     }
 }
 
