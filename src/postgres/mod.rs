@@ -189,7 +189,10 @@ impl PgStoreBuilder {
             (meta, schema::server_now(&client).await?)
         };
         let rules = self.retention.rules();
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("PgStore connected outside a tokio runtime".into()))?;
         let inner = Arc::new(Inner {
+            runtime,
             partitions: Partitions::new(rules.width_ms),
             pool,
             database_id: meta.database_id,
@@ -235,6 +238,8 @@ impl Drop for PgStore {
 }
 
 pub(crate) struct Inner {
+    /// The runtime connected on: background work (lease renewals) runs there.
+    runtime: tokio::runtime::Handle,
     pool: deadpool_postgres::Pool,
     database_id: u64,
     fingerprinter: Fingerprinter,
@@ -344,6 +349,15 @@ fn record_fits(limits: &Limits) -> Result<(), Error> {
         }));
     }
     Ok(())
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn compactor(inner: Weak<Inner>, every: Duration) {
@@ -458,6 +472,34 @@ impl Store for PgStore {
         key: &Key,
     ) -> impl Future<Output = Result<Option<Record>, Error>> + Send {
         self.inner.get(scope, key)
+    }
+
+    fn renew_lease(
+        &self,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Error> + Send {
+        let inner = Arc::clone(&self.inner);
+        let reservation = reservation.clone();
+        // On the store's runtime, so that the future may be polled by any executor (a
+        // Heartbeat's thread); stopped when the future is dropped.
+        let task = AbortOnDrop(self.inner.runtime.spawn(async move {
+            let extend = |mut r: Reservation, lease| {
+                let inner = Arc::clone(&inner);
+                async move {
+                    let result = inner.extend(&mut r, lease).await;
+                    (r, result)
+                }
+            };
+            crate::heartbeat::renew(reservation, lease, extend, tokio::time::sleep).await
+        }));
+        async move {
+            let mut task = task;
+            match (&mut task.0).await {
+                Ok(lost) => lost,
+                Err(e) => Error::Internal(format!("the lease renewal task ended: {e}")),
+            }
+        }
     }
 
     fn release_detached(&self, reservation: Reservation) -> Result<(), Error> {
