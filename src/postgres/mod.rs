@@ -20,6 +20,7 @@ mod schema;
 mod server_time;
 mod sql;
 mod stats;
+mod tls;
 mod wait;
 
 use std::future::Future;
@@ -63,6 +64,8 @@ use wait::Waits;
 /// ```
 pub struct PgStoreBuilder {
     config: tokio_postgres::Config,
+    tls: tls::Mode,
+    tls_roots: Option<Vec<u8>>,
     pool_size: usize,
     retention: Retention,
     limits: Limits,
@@ -72,12 +75,38 @@ pub struct PgStoreBuilder {
 }
 
 impl PgStore {
-    /// A builder for the database at `url` (a libpq connection string or URL; TLS is not
-    /// supported: connect over a trusted network or a local socket).
+    /// A builder for the database at `url` (a libpq connection string or URL). TLS is as
+    /// its `sslmode` says, with libpq's meanings: `disable`, `prefer` (the default: TLS when
+    /// the server offers it, unverified), `require` (TLS, unverified), `verify-ca` (the
+    /// server's certificate chains to a trusted root) or `verify-full` (and names the host):
+    /// use `verify-full` across any network you do not control. Trusted roots are the
+    /// operating system's, or the PEM file of `sslrootcert=<path>`, or those given to
+    /// [`tls_root_certificates`](PgStoreBuilder::tls_root_certificates).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), idemdb::Error> {
+    /// let ca = std::fs::read("/etc/ssl/db-ca.pem").unwrap();
+    /// let builder = idemdb::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
+    ///     .tls_root_certificates(ca);
+    /// # Ok(()) }
+    /// ```
     pub fn builder(url: &str) -> Result<PgStoreBuilder, Error> {
-        let config: tokio_postgres::Config = url.parse().map_err(database)?;
+        let split = tls::split(url)?;
+        let mut config: tokio_postgres::Config = split.rest.parse().map_err(database)?;
+        config.ssl_mode(split.mode.driver());
+        let tls_roots = match split.root_file.as_deref() {
+            None | Some("system") => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::Database(Arc::new(std::io::Error::new(
+                    e.kind(),
+                    format!("sslrootcert {path}: {e}"),
+                )))
+            })?),
+        };
         Ok(PgStoreBuilder {
             config,
+            tls: split.mode,
+            tls_roots,
             pool_size: 16,
             // Every read of a key probes each partition's index (the partition key is not
             // the record key), so fewer, wider partitions than the embedded default.
@@ -95,6 +124,17 @@ impl PgStoreBuilder {
     /// The partition width of a store built without [`retention`](Self::retention): a
     /// quarter of the default 24 h TTL, so that about six partitions hold the live records.
     pub const DEFAULT_PARTITION_WIDTH: Duration = Duration::from_secs(6 * 3600);
+
+    /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust, instead of the
+    /// operating system's roots or the URL's `sslrootcert`.
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots = Some(pem.into());
+        self
+    }
+
+    fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, Error> {
+        tls::connector(self.tls, self.tls_roots.as_deref())
+    }
 
     /// Connections in the pool (default 16). Each operation holds one for its statements;
     /// `execute` and `complete_with` hold one while their closure runs.
@@ -149,11 +189,7 @@ impl PgStoreBuilder {
     /// place. Idempotent, and safe to run from several instances at once. Refuses a schema
     /// of a newer build with [`Error::UnsupportedFormat`].
     pub async fn migrate(&self) -> Result<u32, Error> {
-        let (mut client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(database)?;
+        let (mut client, connection) = self.config.connect(self.tls()?).await.map_err(database)?;
         let driver = tokio::spawn(connection);
         let version = schema::migrate(&mut client).await;
         drop(client);
@@ -169,9 +205,10 @@ impl PgStoreBuilder {
         self.retention.validate()?;
         self.limits.validate()?;
         record_fits(&self.limits)?;
+        let tls = self.tls()?;
         let manager = deadpool_postgres::Manager::from_config(
             self.config.clone(),
-            tokio_postgres::NoTls,
+            tls.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -208,6 +245,7 @@ impl PgStoreBuilder {
         });
         let mut tasks = vec![tokio::spawn(wait::listen(
             self.config,
+            tls,
             Arc::downgrade(&inner.waits),
         ))];
         if let Some(every) = inner.retention.compact_interval {

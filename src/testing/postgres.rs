@@ -92,6 +92,17 @@ impl TestServer {
     /// same directory, symbolic links resolved), else from the highest version under
     /// `/usr/lib/postgresql/*/bin`.
     pub fn start() -> Result<TestServer, String> {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start) with TLS on (`ssl=on`): the server presents the certificate
+    /// chain `cert_pem` with the private key `key_pem` (both PEM), and still accepts plain
+    /// connections.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Result<TestServer, String> {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Result<TestServer, String> {
         let bin = find_bin_dir()?;
         let as_postgres = is_root();
         // The port is free when picked; if something takes it before the postmaster binds it,
@@ -99,7 +110,7 @@ impl TestServer {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once(&bin, as_postgres) {
+            match Self::start_once(&bin, as_postgres, tls) {
                 Ok(server) => return Ok(server),
                 Err(Startup::Exited(_)) if attempt < 3 => {}
                 Err(Startup::Exited(e) | Startup::Failed(e)) => return Err(e),
@@ -108,7 +119,11 @@ impl TestServer {
     }
 
     /// One attempt of [`start`](Self::start).
-    fn start_once(bin: &Path, as_postgres: bool) -> Result<TestServer, Startup> {
+    fn start_once(
+        bin: &Path,
+        as_postgres: bool,
+        tls: Option<(&str, &str)>,
+    ) -> Result<TestServer, Startup> {
         let dir = unique_temp_dir().map_err(Startup::Failed)?;
         // From here on, `server`'s drop stops the server and removes the directory, whatever
         // fails.
@@ -119,6 +134,10 @@ impl TestServer {
                 watchdog: None,
             }),
         };
+        let mut settings = Vec::new();
+        if let Some((cert, key)) = tls {
+            settings = tls_settings(&dir, cert, key).map_err(Startup::Failed)?;
+        }
         if as_postgres {
             run_checked(
                 Command::new("chown")
@@ -142,8 +161,8 @@ impl TestServer {
             "UTF8",
         ]);
         let port = free_port().map_err(Startup::Failed)?;
-        let script =
-            watchdog_script(&initdb, &bin.join("postgres"), &dir, port).map_err(Startup::Failed)?;
+        let script = watchdog_script(&initdb, &bin.join("postgres"), &dir, port, &settings)
+            .map_err(Startup::Failed)?;
         let mut command = command_as(as_postgres, &script);
         // In the temporary directory: the postgres user may not enter the test's own.
         command
@@ -518,13 +537,21 @@ fn command_as(as_postgres: bool, line: &str) -> Command {
 /// The test process is looked for in `/proc`, by pid and start time (a reused pid, or a thread
 /// of another process with that id, is not it): the watchdog may run as another user, for whom
 /// `kill -0` cannot tell "gone" from "not mine". Without `/proc`, `kill -0` it is.
-fn watchdog_script(initdb: &str, postgres: &Path, dir: &Path, port: u16) -> Result<String, String> {
-    let server = shell_line(&[
+fn watchdog_script(
+    initdb: &str,
+    postgres: &Path,
+    dir: &Path,
+    port: u16,
+    settings: &[String],
+) -> Result<String, String> {
+    let port = port.to_string();
+    let data = dir.join("data");
+    let mut words = vec![
         path_str(postgres)?,
         "-D",
-        path_str(&dir.join("data"))?,
+        path_str(&data)?,
         "-p",
-        &port.to_string(),
+        &port,
         "-c",
         "listen_addresses=127.0.0.1",
         "-k",
@@ -533,7 +560,11 @@ fn watchdog_script(initdb: &str, postgres: &Path, dir: &Path, port: u16) -> Resu
         "max_connections=300",
         "-c",
         "shared_buffers=128MB",
-    ]);
+    ];
+    for setting in settings {
+        words.extend(["-c", setting.as_str()]);
+    }
+    let server = shell_line(&words);
     let mut script = String::new();
     let _ = write!(
         script,
@@ -570,6 +601,23 @@ rm -rf \"$D\"
         dir = shell_quote(path_str(dir)?),
     );
     Ok(script)
+}
+
+/// Writes the server's certificate and key into `dir` (the key readable by its owner only,
+/// as the server demands) and returns the settings that turn TLS on with them.
+fn tls_settings(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let cert = dir.join("server.crt");
+    let key = dir.join("server.key");
+    std::fs::write(&cert, cert_pem).map_err(|e| format!("writing {}: {e}", cert.display()))?;
+    std::fs::write(&key, key_pem).map_err(|e| format!("writing {}: {e}", key.display()))?;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod {}: {e}", key.display()))?;
+    Ok(vec![
+        "ssl=on".to_owned(),
+        format!("ssl_cert_file={}", path_str(&cert)?),
+        format!("ssl_key_file={}", path_str(&key)?),
+    ])
 }
 
 /// This process's start time (field 22 of `/proc/self/stat`, after the command name in
