@@ -17,7 +17,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::stores::{admin, fresh_database_url, runtime};
+use common::stores::{Skewed, admin, fresh_database_url, runtime};
 use common::{T0, acquired};
 use idemdb::testing::postgres::ServerClock;
 use idemdb::{
@@ -31,17 +31,6 @@ const SKEWS: [i64; 4] = [10 * MINUTE, -10 * MINUTE, DAY, -DAY];
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(300);
 const WIDTH: Duration = Duration::from_secs(60);
-
-/// The system clock, off by `skew_ms`.
-#[derive(Clone, Copy)]
-struct Skewed(i64);
-
-impl Clock for Skewed {
-    fn now_ms(&self) -> u64 {
-        let now = i64::try_from(SystemClock.now_ms()).unwrap();
-        u64::try_from(now + self.0).unwrap()
-    }
-}
 
 /// An instance on `url` whose clock is off by `skew_ms`: TTL 5 min, partitions 1 min wide,
 /// no background compactor.

@@ -185,6 +185,48 @@ impl TestServer {
         Ok(server)
     }
 
+    /// Restarts a cluster started here as `pg_ctl restart -m immediate` does: SIGQUIT to the
+    /// postmaster (every backend is killed, nothing is flushed: crash recovery from the WAL
+    /// at the next start), then the same server is started again; returns once it accepts
+    /// connections (up to 30 s). Connections open to it are lost.
+    pub fn restart_immediate(&self) -> Result<(), String> {
+        let Some(owned) = self.owned.as_ref() else {
+            return Err("a server named by IDEMDB_TEST_PG is not ours to restart".into());
+        };
+        let old = owned.postmaster_pid().ok_or("the server is not running")?;
+        std::fs::File::create(owned.dir.join("restart"))
+            .map_err(|e| format!("marking the restart: {e}"))?;
+        run_checked(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("kill -QUIT {old}")),
+            "SIGQUIT to the postmaster",
+        )?;
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .ok_or("no port in the server's URL")?;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while Instant::now() < deadline {
+            let restarted = !owned.dir.join("restart").exists()
+                && owned.postmaster_pid().is_some_and(|pid| pid != old)
+                && owned.postmaster_ready();
+            if restarted && TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!(
+            "the server did not come back within {} s; its log:\n{}",
+            STARTUP_TIMEOUT.as_secs(),
+            owned.tail("postgres.log")
+        ))
+    }
+
     /// The connection URL of the server's maintenance database `postgres`, as
     /// `postgres://postgres@127.0.0.1:PORT/postgres` for a cluster started here (or the value
     /// of `IDEMDB_TEST_PG`).
@@ -580,9 +622,14 @@ alive() {{
   fi
 }}
 if {initdb} >\"$D/initdb.log\" 2>&1 </dev/null; then
-  {server} >\"$D/postgres.log\" 2>&1 </dev/null &
-  pg=$!
-  while [ ! -e \"$D/stop\" ] && alive && kill -0 \"$pg\" 2>/dev/null; do sleep 0.5; done
+  while :; do
+    {server} >>\"$D/postgres.log\" 2>&1 </dev/null &
+    pg=$!
+    while [ ! -e \"$D/stop\" ] && alive && kill -0 \"$pg\" 2>/dev/null; do sleep 0.1; done
+    [ -e \"$D/restart\" ] && [ ! -e \"$D/stop\" ] && alive || break
+    wait \"$pg\"
+    rm -f \"$D/restart\"
+  done
   n=0
   while kill -0 \"$pg\" 2>/dev/null; do
     [ $n -lt 600 ] && kill -INT \"$pg\" 2>/dev/null || kill -QUIT \"$pg\" 2>/dev/null

@@ -196,4 +196,5 @@ pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
     drop(db);
     disk
 }
+pub mod chaos;
 pub mod stores;

@@ -43,6 +43,17 @@ impl TestClock {
     }
 }
 
+/// The system clock, off by `.0` ms: an instance whose clock is wrong.
+#[derive(Debug, Clone, Copy)]
+pub struct Skewed(pub i64);
+
+impl Clock for Skewed {
+    fn now_ms(&self) -> u64 {
+        let now = i64::try_from(idemdb::SystemClock.now_ms()).unwrap();
+        u64::try_from(now + self.0).unwrap()
+    }
+}
+
 /// A store under test, its clock, and what keeps it alive.
 pub struct Under<S> {
     pub clock: TestClock,
