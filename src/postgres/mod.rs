@@ -7,8 +7,11 @@
 //! - execute.rs: `execute`, `complete_with`, `fail_with`, `consume`: the caller's writes in
 //!   the transaction that writes the record;
 //! - schema.rs, rows.rs: the tables, versioned, and records as rows;
+//! - sql.rs: the store's clock (the server's, read by each statement) and how a key is found;
+//!   server_time.rs: what this instance last learnt of it;
 //! - partitions.rs: time partitions and the compactor; wait.rs: LISTEN/NOTIFY;
-//! - errors.rs: refused, retried or outcome unknown.
+//! - tls.rs: `sslmode` on rustls;
+//! - errors.rs: refused, retried or outcome unknown, in the server's words.
 
 mod errors;
 mod execute;
