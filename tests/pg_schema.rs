@@ -109,3 +109,61 @@ fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
         assert_eq!(version, 99);
     });
 }
+
+/// The schema of version 1, as its build made it, with one record in a partition.
+const V1_WITH_A_RECORD: &str = "
+CREATE TABLE idemdb_meta (id int PRIMARY KEY CHECK (id = 1), schema_version int NOT NULL,
+    fingerprint_secret bytea NOT NULL);
+INSERT INTO idemdb_meta VALUES (1, 1, decode(repeat('ab', 192), 'hex'));
+CREATE SEQUENCE idemdb_tokens AS bigint MINVALUE 1 START WITH 1;
+CREATE TABLE idemdb_stripes (stripe int PRIMARY KEY);
+INSERT INTO idemdb_stripes SELECT generate_series(0, 1023);
+CREATE TABLE idemdb_records (operation bytea NOT NULL, principal bytea NOT NULL,
+    key bytea NOT NULL, state smallint NOT NULL, fingerprint bytea NOT NULL,
+    token bigint NOT NULL, lease_expires_at bigint NOT NULL, created_at bigint NOT NULL,
+    updated_at bigint NOT NULL, expires_at bigint NOT NULL, attempts int NOT NULL,
+    response bytea NOT NULL, waiters int NOT NULL DEFAULT 0) PARTITION BY RANGE (expires_at);
+CREATE INDEX idemdb_records_key ON idemdb_records (operation, principal, key, expires_at DESC);
+CREATE TABLE idemdb_records_0_max PARTITION OF idemdb_records FOR VALUES FROM (0) TO (MAXVALUE);
+INSERT INTO idemdb_records VALUES ('POST /v1', 'u', 'old-key', 2, decode(repeat('00', 16), 'hex'),
+    nextval('idemdb_tokens'), 1, 1, 1, 4000000000000000000, 1, 'stored by v1', 0);
+";
+
+#[test]
+fn a_version_1_schema_is_upgraded_and_its_records_are_found() {
+    runtime().block_on(async {
+        let url = fresh_database_url();
+        client(&url)
+            .await
+            .batch_execute(V1_WITH_A_RECORD)
+            .await
+            .unwrap();
+        let builder = PgStore::builder(&url).unwrap();
+        assert_eq!(builder.migrate().await.unwrap(), SCHEMA);
+        let store = builder.connect().await.unwrap();
+        use idemdb::Store;
+        let (scope, key) = (
+            idemdb::Scope::new("POST /v1", "u"),
+            idemdb::Key::new("old-key"),
+        );
+        let rec = store
+            .get(&scope, &key)
+            .await
+            .unwrap()
+            .expect("the v1 record");
+        assert_eq!(rec.response, b"stored by v1");
+        // Found through the new index, the old one gone.
+        let indexes: Vec<String> = client(&url)
+            .await
+            .query(
+                "SELECT indexname::text FROM pg_indexes WHERE tablename = 'idemdb_records'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(indexes, vec!["idemdb_records_hash".to_string()]);
+    });
+}
