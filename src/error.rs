@@ -137,7 +137,9 @@ pub enum Error {
     /// holder of a reservation from that batch may or may not hold it. Reopen, then read.
     ///
     /// Over PostgreSQL: the connection was lost while the commit (or a single-statement
-    /// write) may have reached the server. Read the record to learn which.
+    /// write) may have reached the server. Read the record to learn which; the store goes on.
+    ///
+    /// Its text says which, and what to do.
     OutcomeUnknown(Arc<dyn std::error::Error + Send + Sync>),
     /// An earlier commit failed; writes are refused until the database is reopened.
     WritesRefused,
@@ -211,10 +213,7 @@ impl fmt::Display for Error {
             Error::ThreadSpawn { thread, source } => {
                 write!(f, "cannot start the {thread} thread: {source}")
             }
-            Error::OutcomeUnknown(e) => write!(
-                f,
-                "commit failed, outcome unknown (the changes may be durable); reopen the database: {e}"
-            ),
+            Error::OutcomeUnknown(e) => write!(f, "outcome unknown: {e}"),
             Error::WritesRefused => write!(
                 f,
                 "writes are refused after a failed commit; reopen the database"
@@ -260,6 +259,27 @@ fn log_name(log: Option<&Path>) -> String {
     match log {
         Some(path) => path.display().to_string(),
         None => "(a storage backend)".to_string(),
+    }
+}
+
+/// Why an embedded commit's outcome is unknown: the storage error, and what to do about it.
+#[derive(Debug)]
+pub(crate) struct CommitFailed(pub(crate) Arc<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for CommitFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a commit failed and its changes may be durable; writes are refused until the \
+             database is reopened, then read the record: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for CommitFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }
 

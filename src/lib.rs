@@ -38,6 +38,7 @@ mod engine;
 mod error;
 mod fingerprint;
 mod guard;
+mod heartbeat;
 #[cfg(feature = "http")]
 pub mod http;
 mod inbox;
@@ -84,6 +85,7 @@ pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError};
 pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
+pub use heartbeat::Heartbeat;
 pub use inbox::Consumed;
 pub use log_problem::LogProblem;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};

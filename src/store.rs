@@ -4,16 +4,18 @@
 //! read and write atomically.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Limits;
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
+use crate::heartbeat;
 use crate::outcome::ReserveOutcome;
 use crate::record::Record;
 use crate::retention::Retention;
 use crate::scope::{Key, Scope};
+use crate::timer::Sleep;
 use crate::token::Reservation;
 
 /// An idempotency store: the two-step operations, async, with the semantics of
@@ -86,6 +88,19 @@ pub trait Store: Send + Sync + 'static {
     /// Releases the reservation from a place that cannot await (a `Drop`): now, or on a
     /// task of its own. Failures are the caller's to log; the lease bounds what is lost.
     fn release_detached(&self, reservation: Reservation) -> Result<(), Error>;
+
+    /// Renews `reservation`'s lease of `lease` every third of it ([`extend`](Self::extend))
+    /// for as long as the returned future is polled: run it beside work that may outlast the
+    /// lease (e.g. in `tokio::select!`), so that a duplicate takes over only from an owner
+    /// that stopped, not from a slow one. It ends only when the lease is lost, with the
+    /// refusal that says why ([`Error::Fenced`], [`Error::UnknownRecord`],
+    /// [`Error::NotInProgress`], ...); a renewal that fails for the store being unreachable is
+    /// tried again sooner. [`Heartbeat`](crate::Heartbeat) runs it on a thread of its own.
+    fn renew_lease(
+        &self,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Error> + Send;
 }
 
 impl Store for IdemDb {
@@ -162,5 +177,26 @@ impl Store for IdemDb {
     fn release_detached(&self, reservation: Reservation) -> Result<(), Error> {
         // Blocking, but only on this rare path (a dropped request or a panic).
         IdemDb::release(self, &reservation)
+    }
+
+    fn renew_lease(
+        &self,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Error> + Send {
+        let reservation = reservation.clone();
+        async move {
+            // Woken by the engine's timer thread: no runtime needed.
+            let timer = match self.timer() {
+                Ok(timer) => timer,
+                Err(e) => return e,
+            };
+            let extend = |mut r: Reservation, lease| async move {
+                let result = self.extend_async(&mut r, lease).await;
+                (r, result)
+            };
+            let sleep = |d| Sleep::until(timer, Instant::now() + d);
+            heartbeat::renew(reservation, lease, extend, sleep).await
+        }
     }
 }

@@ -75,6 +75,52 @@ impl Timer {
     }
 }
 
+/// A future ready at `at`, woken by the timer thread: an async sleep without a runtime.
+pub(crate) struct Sleep<'t> {
+    timer: &'t Timer,
+    at: Instant,
+    id: Option<u64>,
+}
+
+impl<'t> Sleep<'t> {
+    pub(crate) fn until(timer: &'t Timer, at: Instant) -> Self {
+        Sleep {
+            timer,
+            at,
+            id: None,
+        }
+    }
+}
+
+impl std::future::Future for Sleep<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if Instant::now() >= self.at {
+            if let Some(id) = self.id.take() {
+                self.timer.cancel(id);
+            }
+            return std::task::Poll::Ready(());
+        }
+        match self.id {
+            Some(id) => self.timer.update(id, cx.waker()),
+            None => self.id = Some(self.timer.register(self.at, cx.waker().clone())),
+        }
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for Sleep<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.timer.cancel(id);
+        }
+    }
+}
+
 impl Drop for Timer {
     fn drop(&mut self) {
         self.shared.state.lock().shutdown = true;

@@ -8,7 +8,7 @@ use common::{LEASE, T0, acquired};
 
 use std::time::Duration;
 
-use idemdb::{Clock, Fingerprint, Key, Payload, RecordState, ReserveOutcome, Scope, Store};
+use idemdb::{Fingerprint, Key, Payload, RecordState, ReserveOutcome, Scope, Store};
 
 fn scope() -> Scope {
     Scope::new("POST /purchases", "user-42")

@@ -8,7 +8,7 @@ use common::{LEASE, T0, acquired};
 
 use std::time::Duration;
 
-use idemdb::{Clock, Error, Key, RecordState, Reservation, ReserveOutcome, Scope, Store};
+use idemdb::{Error, Key, RecordState, Reservation, ReserveOutcome, Scope, Store};
 
 fn scope() -> Scope {
     Scope::new("POST /transfers", "acct-1")

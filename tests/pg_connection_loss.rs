@@ -246,7 +246,13 @@ fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
         let result = through.reserve(&scope(), &key, b"req", LEASE).await;
         proxy.settled().await;
         match result {
-            Err(e @ Error::OutcomeUnknown(_)) => assert!(e.is_outcome_unknown()),
+            Err(e @ Error::OutcomeUnknown(_)) => {
+                assert!(e.is_outcome_unknown());
+                // Worded for this store: read the record; there is nothing to reopen.
+                let text = e.to_string();
+                assert!(text.contains("read the record"), "{text}");
+                assert!(!text.contains("reopen"), "{text}");
+            }
             other => panic!("expected OutcomeUnknown, got {other:?}"),
         }
         // It did commit: the record is there, IN_PROGRESS. The caller must read to learn it.

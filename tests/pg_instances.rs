@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, T0, acquired};
-use idemdb::{Error, ExecuteError, Key, ManualClock, PgStore, ReserveOutcome, Scope, Store};
+use idemdb::testing::postgres::ServerClock;
+use idemdb::{Error, ExecuteError, Key, PgStore, ReserveOutcome, Scope, Store};
 
 /// An instance on `url`: the schema migrated (by whichever instance comes first).
-async fn instance(url: &str, clock: Option<&ManualClock>, poll: Duration) -> Arc<PgStore> {
-    let mut builder = PgStore::builder(url).unwrap().wait_poll_interval(poll);
-    if let Some(clock) = clock {
-        builder = builder.clock(clock.clone());
-    }
+async fn instance(url: &str, poll: Duration) -> Arc<PgStore> {
+    let builder = PgStore::builder(url).unwrap().wait_poll_interval(poll);
     builder.migrate().await.unwrap();
     Arc::new(builder.connect().await.unwrap())
 }
@@ -28,9 +26,10 @@ fn scope() -> Scope {
 fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
     runtime().block_on(async {
         let url = fresh_database_url();
-        let clock = ManualClock::new(T0);
-        let a = instance(&url, Some(&clock), Duration::from_secs(1)).await;
-        let b = instance(&url, Some(&clock), Duration::from_secs(1)).await;
+        let a = instance(&url, Duration::from_secs(1)).await;
+        let b = instance(&url, Duration::from_secs(1)).await;
+        // The store's time is the server's, moved by hand here for every instance at once.
+        let clock = ServerClock::freeze(&url, T0).unwrap();
         let key = Key::new("intent-1");
 
         let on_a = acquired(a.reserve(&scope(), &key, b"req", LEASE).await.unwrap());
@@ -40,7 +39,7 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
             ReserveOutcome::InProgress { retry_after: LEASE }
         );
         // A stalls past its lease; B takes over with a higher token.
-        clock.advance(LEASE);
+        clock.advance(LEASE).unwrap();
         let on_b = acquired(b.reserve(&scope(), &key, b"req", LEASE).await.unwrap());
         assert!(on_b.is_takeover());
         assert_eq!(on_b.attempt(), 2);
@@ -93,8 +92,8 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
 fn a_takeover_in_real_time_fences_the_owner_that_outlived_its_lease() {
     runtime().block_on(async {
         let url = fresh_database_url();
-        let a = instance(&url, None, Duration::from_secs(1)).await;
-        let b = instance(&url, None, Duration::from_secs(1)).await;
+        let a = instance(&url, Duration::from_secs(1)).await;
+        let b = instance(&url, Duration::from_secs(1)).await;
         let key = Key::new("intent-rt");
         let lease = Duration::from_millis(300);
         let on_a = acquired(a.reserve(&scope(), &key, b"req", lease).await.unwrap());
@@ -115,8 +114,8 @@ fn a_duplicate_waiting_on_b_is_woken_by_a_s_commit_not_by_polling() {
         let url = fresh_database_url();
         // A poll far longer than the test: only the notification can wake the waiter early.
         let poll = Duration::from_secs(60);
-        let a = instance(&url, None, poll).await;
-        let b = instance(&url, None, poll).await;
+        let a = instance(&url, poll).await;
+        let b = instance(&url, poll).await;
         let key = Key::new("intent-wait");
         let lease = Duration::from_secs(60);
         let owner = acquired(a.reserve(&scope(), &key, b"req", lease).await.unwrap());
@@ -172,8 +171,8 @@ fn a_duplicate_waiting_on_b_is_woken_by_a_s_commit_not_by_polling() {
 fn a_waiting_duplicate_takes_over_when_the_owner_s_lease_runs_out() {
     runtime().block_on(async {
         let url = fresh_database_url();
-        let a = instance(&url, None, Duration::from_secs(60)).await;
-        let b = instance(&url, None, Duration::from_secs(60)).await;
+        let a = instance(&url, Duration::from_secs(60)).await;
+        let b = instance(&url, Duration::from_secs(60)).await;
         let key = Key::new("intent-lapse");
         let owner = acquired(
             a.reserve(&scope(), &key, b"req", Duration::from_millis(500))
@@ -208,8 +207,8 @@ fn a_waiting_duplicate_takes_over_when_the_owner_s_lease_runs_out() {
 fn tokens_increase_across_instances_and_reservations_belong_to_their_database() {
     runtime().block_on(async {
         let url = fresh_database_url();
-        let a = instance(&url, None, Duration::from_secs(1)).await;
-        let b = instance(&url, None, Duration::from_secs(1)).await;
+        let a = instance(&url, Duration::from_secs(1)).await;
+        let b = instance(&url, Duration::from_secs(1)).await;
         let mut last = 0;
         for i in 0..20 {
             let store = if i % 2 == 0 { &a } else { &b };
@@ -229,7 +228,7 @@ fn tokens_increase_across_instances_and_reservations_belong_to_their_database() 
         assert_eq!(a.fingerprint(b"req"), b.fingerprint(b"req"));
 
         // A reservation of another database is refused there, and nothing changes.
-        let elsewhere = instance(&fresh_database_url(), None, Duration::from_secs(1)).await;
+        let elsewhere = instance(&fresh_database_url(), Duration::from_secs(1)).await;
         assert_ne!(elsewhere.fingerprint(b"req"), a.fingerprint(b"req"));
         let r = acquired(
             a.reserve(&scope(), &Key::new("mine"), b"req", LEASE)

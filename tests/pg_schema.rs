@@ -6,13 +6,10 @@ mod common;
 use common::stores::{fresh_database_url, runtime};
 use idemdb::{Error, PgStore};
 
-async fn client(url: &str) -> idemdb::tokio_postgres::Client {
-    let (client, connection) = idemdb::tokio_postgres::connect(url, idemdb::tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
+/// The schema version this build writes.
+const SCHEMA: u32 = 2;
+
+use common::stores::admin as client;
 
 #[test]
 fn connect_refuses_a_database_without_the_schema() {
@@ -38,9 +35,12 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
             })
             .collect();
         for t in tasks {
-            assert_eq!(t.await.unwrap().unwrap(), 1);
+            assert_eq!(t.await.unwrap().unwrap(), SCHEMA);
         }
-        assert_eq!(PgStore::builder(&url).unwrap().migrate().await.unwrap(), 1);
+        assert_eq!(
+            PgStore::builder(&url).unwrap().migrate().await.unwrap(),
+            SCHEMA
+        );
         let c = client(&url).await;
         let meta: i64 = c
             .query_one("SELECT count(*) FROM idemdb_meta", &[])
@@ -66,7 +66,7 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
 }
 
 #[test]
-fn a_schema_of_a_newer_build_is_refused() {
+fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
     runtime().block_on(async {
         let url = fresh_database_url();
         let builder = PgStore::builder(&url).unwrap();
@@ -82,13 +82,88 @@ fn a_schema_of_a_newer_build_is_refused() {
                 refused,
                 Err(Error::UnsupportedFormat {
                     found: 99,
-                    supported: 1
+                    supported: SCHEMA
                 })
             ),
             "{:?}",
             refused.err()
         );
-        // migrate leaves it alone.
-        assert_eq!(builder.migrate().await.unwrap(), 99);
+        // migrate refuses it too, as its doc says, and leaves it alone.
+        let migrated = builder.migrate().await;
+        assert!(
+            matches!(
+                migrated,
+                Err(Error::UnsupportedFormat {
+                    found: 99,
+                    supported: SCHEMA
+                })
+            ),
+            "{migrated:?}"
+        );
+        let version: i32 = client(&url)
+            .await
+            .query_one("SELECT schema_version FROM idemdb_meta", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, 99);
+    });
+}
+
+/// The schema of version 1, as its build made it, with one record in a partition.
+const V1_WITH_A_RECORD: &str = "
+CREATE TABLE idemdb_meta (id int PRIMARY KEY CHECK (id = 1), schema_version int NOT NULL,
+    fingerprint_secret bytea NOT NULL);
+INSERT INTO idemdb_meta VALUES (1, 1, decode(repeat('ab', 192), 'hex'));
+CREATE SEQUENCE idemdb_tokens AS bigint MINVALUE 1 START WITH 1;
+CREATE TABLE idemdb_stripes (stripe int PRIMARY KEY);
+INSERT INTO idemdb_stripes SELECT generate_series(0, 1023);
+CREATE TABLE idemdb_records (operation bytea NOT NULL, principal bytea NOT NULL,
+    key bytea NOT NULL, state smallint NOT NULL, fingerprint bytea NOT NULL,
+    token bigint NOT NULL, lease_expires_at bigint NOT NULL, created_at bigint NOT NULL,
+    updated_at bigint NOT NULL, expires_at bigint NOT NULL, attempts int NOT NULL,
+    response bytea NOT NULL, waiters int NOT NULL DEFAULT 0) PARTITION BY RANGE (expires_at);
+CREATE INDEX idemdb_records_key ON idemdb_records (operation, principal, key, expires_at DESC);
+CREATE TABLE idemdb_records_0_max PARTITION OF idemdb_records FOR VALUES FROM (0) TO (MAXVALUE);
+INSERT INTO idemdb_records VALUES ('POST /v1', 'u', 'old-key', 2, decode(repeat('00', 16), 'hex'),
+    nextval('idemdb_tokens'), 1, 1, 1, 4000000000000000000, 1, 'stored by v1', 0);
+";
+
+#[test]
+fn a_version_1_schema_is_upgraded_and_its_records_are_found() {
+    runtime().block_on(async {
+        let url = fresh_database_url();
+        client(&url)
+            .await
+            .batch_execute(V1_WITH_A_RECORD)
+            .await
+            .unwrap();
+        let builder = PgStore::builder(&url).unwrap();
+        assert_eq!(builder.migrate().await.unwrap(), SCHEMA);
+        let store = builder.connect().await.unwrap();
+        use idemdb::Store;
+        let (scope, key) = (
+            idemdb::Scope::new("POST /v1", "u"),
+            idemdb::Key::new("old-key"),
+        );
+        let rec = store
+            .get(&scope, &key)
+            .await
+            .unwrap()
+            .expect("the v1 record");
+        assert_eq!(rec.response, b"stored by v1");
+        // Found through the new index, the old one gone.
+        let indexes: Vec<String> = client(&url)
+            .await
+            .query(
+                "SELECT indexname::text FROM pg_indexes WHERE tablename = 'idemdb_records'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(indexes, vec!["idemdb_records_hash".to_string()]);
     });
 }

@@ -78,7 +78,7 @@ pub fn stall(kind: Kind, rt: &Handle, root: &std::path::Path, sizes: &StallSizes
     let start = aligned_start();
     let clock = ManualClock::new(start);
     let retention = Retention::default().ttl(TTL).partition_width(WIDTH);
-    let opened = Opened::open(kind, rt, root, CALLERS + 2, retention, Some(clock.clone()));
+    let opened = Opened::open(kind, rt, root, CALLERS + 2, retention, Some(clock));
     let subject = &opened.subject;
     let scope = Scope::new(OPERATION, PRINCIPAL);
     let parts = sizes.partitions;
@@ -97,7 +97,7 @@ pub fn stall(kind: Kind, rt: &Handle, root: &std::path::Path, sizes: &StallSizes
     };
     for w in 0..parts {
         let at = start + w * HOUR_MS + 1_000;
-        clock.set(at);
+        opened.set_time(at);
         let ids = w * per..w * per + api;
         parallel(FILL_THREADS, ids, &|id| {
             subject.lifecycle(rt, &scope, id);
@@ -113,7 +113,7 @@ pub fn stall(kind: Kind, rt: &Handle, root: &std::path::Path, sizes: &StallSizes
 
     // Every filled partition is due: its end (start + (w+2) h at most) is past.
     let now = start + (parts + 2) * HOUR_MS;
-    clock.set(now);
+    opened.set_time(now);
     let before = due(subject, rt, now);
     assert_eq!(before.partitions, parts, "due partitions before the drop");
     assert_eq!(before.records, records, "records in them");

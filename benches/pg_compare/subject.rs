@@ -6,8 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemdb::testing::postgres::TestServer;
-use idemdb::{IdemDb, Key, ManualClock, PgStore, ReserveOutcome, Retention, Scope, Store};
+use idemdb::testing::postgres::{ServerClock, TestServer};
+use idemdb::{
+    Clock as _, IdemDb, Key, ManualClock, PgStore, ReserveOutcome, Retention, Scope, Store,
+};
 use tempfile::TempDir;
 use tokio::runtime::Handle;
 
@@ -45,7 +47,25 @@ pub enum Subject {
 /// A store and what keeps it alive (the embedded engine's directory).
 pub struct Opened {
     pub subject: Subject,
+    /// The store's time moved by hand: the embedded engine's clock, or the server's.
+    clock: Option<Clock>,
     _dir: Option<TempDir>,
+}
+
+enum Clock {
+    Manual(ManualClock),
+    Server(ServerClock),
+}
+
+impl Opened {
+    /// Sets the store's time (a store opened with a clock).
+    pub fn set_time(&self, ms: u64) {
+        match &self.clock {
+            Some(Clock::Manual(c)) => c.set(ms),
+            Some(Clock::Server(c)) => c.set(ms).expect("set the server's time"),
+            None => panic!("the store was opened without a clock"),
+        }
+    }
 }
 
 /// What one compaction pass did.
@@ -77,32 +97,32 @@ impl Opened {
             Kind::Embedded => {
                 let dir = tempfile::tempdir_in(root).expect("tempdir");
                 let mut builder = IdemDb::builder().retention(retention);
-                if let Some(clock) = clock {
-                    builder = builder.clock(clock);
+                if let Some(clock) = &clock {
+                    builder = builder.clock(clock.clone());
                 }
                 let db = builder
                     .open(dir.path().join("bench.idemdb"))
                     .expect("open idemdb");
                 Opened {
                     subject: Subject::Embedded(Arc::new(db)),
+                    clock: clock.map(Clock::Manual),
                     _dir: Some(dir),
                 }
             }
             Kind::Postgres => {
                 let url = fresh_database();
-                let mut builder = PgStore::builder(&url)
+                let builder = PgStore::builder(&url)
                     .expect("PgStore::builder")
                     .pool_size(pool)
                     .retention(retention);
-                if let Some(clock) = clock {
-                    builder = builder.clock(clock);
-                }
-                let store = rt.block_on(async move {
-                    builder.migrate().await.expect("migrate");
-                    builder.connect().await.expect("connect")
-                });
+                rt.block_on(builder.migrate()).expect("migrate");
+                // The store's time is the server's: frozen and moved there.
+                let clock = clock
+                    .map(|c| Clock::Server(ServerClock::freeze(&url, c.now_ms()).expect("freeze")));
+                let store = rt.block_on(builder.connect()).expect("connect");
                 Opened {
                     subject: Subject::Pg(Arc::new(store)),
+                    clock,
                     _dir: None,
                 }
             }

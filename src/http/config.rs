@@ -87,6 +87,11 @@ pub struct IdempotencyConfig {
     pub max_stored_response: usize,
     /// The handler's lease: after it, a retry may take the key over (default 30 s).
     pub lease: Duration,
+    /// Whether the lease is renewed every third of it while the handler runs (default true),
+    /// so that a handler slower than its lease still runs once: a retry takes the key over
+    /// only from an instance that stopped (crashed, or dropped the request, which releases
+    /// the key). When false, a handler that outlives its lease may run again beside itself.
+    pub renew_lease: bool,
     /// How long a duplicate that finds the first request in progress waits for it to finish
     /// and replays it (default `None`: answer 409 with `Retry-After` at once).
     pub wait: Option<Duration>,
@@ -133,6 +138,7 @@ impl IdempotencyConfig {
             max_body: 1 << 20,
             max_stored_response: 1 << 20,
             lease: Duration::from_secs(30),
+            renew_lease: true,
             wait: None,
             stored_headers: [
                 "content-type",
@@ -200,6 +206,7 @@ impl fmt::Debug for IdempotencyConfig {
             .field("max_body", &self.max_body)
             .field("max_stored_response", &self.max_stored_response)
             .field("lease", &self.lease)
+            .field("renew_lease", &self.renew_lease)
             .field("wait", &self.wait)
             .field("stored_headers", &self.stored_headers)
             .field("retention_header", &self.retention_header)

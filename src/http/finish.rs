@@ -34,12 +34,21 @@ where
 {
     let config = &shared.config;
     let db = &shared.db;
+    // The lease is renewed while the handler runs: only a stopped instance is taken over.
+    let renewed = reservation.clone();
+    let renewal = config
+        .renew_lease
+        .then(|| Box::pin(db.renew_lease(&renewed, config.lease)));
     // Released if the request future is dropped (the client went away) or the handler panics.
     let mut guard = ReleaseOnDrop {
         db: Arc::clone(db),
         reservation: Some(reservation),
     };
-    let response = match CatchUnwind(Box::pin(inner.call(req))).await {
+    let handler = Beside {
+        main: CatchUnwind(Box::pin(inner.call(req))),
+        renewal,
+    };
+    let response = match handler.await {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             if let Some(r) = guard.reservation.take() {
@@ -158,6 +167,28 @@ impl<St: Store> Drop for ReleaseOnDrop<St> {
                 Err(e) => warn(&format!("key not released after a dropped request: {e}")),
             }
         }
+    }
+}
+
+/// Polls `main` to its end, and `renewal` beside it until that ends (the lease was lost).
+struct Beside<M, R> {
+    main: M,
+    renewal: Option<Pin<Box<R>>>,
+}
+
+impl<M: Future + Unpin, R: Future<Output = Error>> Future for Beside<M, R> {
+    type Output = M::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<M::Output> {
+        if let Some(renewal) = self.renewal.as_mut()
+            && let Poll::Ready(lost) = renewal.as_mut().poll(cx)
+        {
+            warn(&format!(
+                "the handler's lease was lost while it ran: {lost}"
+            ));
+            self.renewal = None;
+        }
+        Pin::new(&mut self.main).poll(cx)
     }
 }
 

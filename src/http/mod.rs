@@ -42,8 +42,11 @@
 //! (`response-too-large`) saying that the request was processed but its response is not
 //! kept. Retries get the marker; the handler does not run again. The same marker
 //! (`response-not-stored`) stands in if storing the response fails: a key is never left in
-//! progress until its lease ends. [`IdempotencyLayer::new`] refuses a config whose limits
-//! the store's [`Limits`](crate::Limits) could not hold.
+//! progress until its lease ends. While the handler runs, its lease is renewed every third of
+//! it ([`IdempotencyConfig::renew_lease`], on by default): a retry takes the key over only
+//! from an instance that stopped, never from a handler that is merely slower than the lease.
+//! [`IdempotencyLayer::new`] refuses a config whose limits the store's
+//! [`Limits`](crate::Limits) could not hold.
 //!
 //! Every answer to a request with the layer's methods carries the retention in force
 //! (`Idempotency-Retention: <seconds>`), the layer's refusals included. Problem answers are

@@ -13,11 +13,116 @@ pub(crate) const MAX_ATTEMPTS: u32 = 8;
 
 /// A statement failed and nothing it wrote is committed.
 pub(crate) fn database(e: tokio_postgres::Error) -> Error {
-    Error::Database(Arc::new(e))
+    Error::Database(Arc::new(ServerSaid::of(e)))
 }
 
 pub(crate) fn pool(e: deadpool_postgres::PoolError) -> Error {
-    Error::Database(Arc::new(e))
+    let text = match &e {
+        deadpool_postgres::PoolError::Backend(b) => describe(b),
+        other => chain(other),
+    };
+    Error::Database(Arc::new(ServerSaid {
+        text: format!("no connection from the pool: {text}"),
+        source: Box::new(e),
+    }))
+}
+
+/// A PostgreSQL failure in the words the caller needs: the server's SQLSTATE, message, detail
+/// and hint, or what broke the connection. `source()` is the driver's error.
+#[derive(Debug)]
+pub(crate) struct ServerSaid {
+    text: String,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl ServerSaid {
+    pub(crate) fn of(e: tokio_postgres::Error) -> Self {
+        ServerSaid {
+            text: describe(&e),
+            source: Box::new(e),
+        }
+    }
+}
+
+impl std::fmt::Display for ServerSaid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ServerSaid {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// `ERROR 42P01: relation "x" does not exist (detail: …; hint: …)`, or the driver's own
+/// words and their causes when the server said nothing.
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return chain(e);
+    };
+    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    let notes: Vec<String> = [("detail", db.detail()), ("hint", db.hint())]
+        .into_iter()
+        .filter_map(|(what, note)| note.map(|n| format!("{what}: {n}")))
+        .collect();
+    if !notes.is_empty() {
+        text.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    text
+}
+
+/// An error's text followed by each of its causes'.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+/// Why a PostgreSQL call's outcome is unknown, and what to do about it.
+#[derive(Debug)]
+struct LostAtCommit(ServerSaid);
+
+impl std::fmt::Display for LostAtCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the connection to PostgreSQL broke after the commit was sent, so it may have \
+             committed; read the record to learn which (other calls are not affected): {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for LostAtCommit {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// A write's partition does not exist (another instance's compactor dropped it, or none was
+/// made yet): `Some` of the partition key the server named, if it did.
+pub(crate) fn missing_partition(e: &tokio_postgres::Error) -> Option<Option<u64>> {
+    let db = e.as_db_error()?;
+    if db.code() != &SqlState::CHECK_VIOLATION || !db.message().starts_with("no partition of") {
+        return None;
+    }
+    // "Partition key of the failing row contains (expires_at) = (1700000030000)."
+    let at = db.detail().and_then(|d| {
+        let (_, value) = d.rsplit_once("= (")?;
+        value.split(')').next()?.parse().ok()
+    });
+    Some(at)
+}
+
+/// The answer when partitions kept going missing under a write.
+pub(crate) fn partition_missing() -> Error {
+    Error::Internal("the partition of a write kept going missing".into())
 }
 
 /// A failure of a commit, or of a write that commits by itself: if the server answered with
@@ -27,7 +132,7 @@ pub(crate) fn pool(e: deadpool_postgres::PoolError) -> Error {
 pub(crate) fn after_commit(e: tokio_postgres::Error) -> Error {
     match e.as_db_error() {
         Some(db) if db.severity() == "ERROR" => database(e),
-        _ => Error::OutcomeUnknown(Arc::new(e)),
+        _ => Error::OutcomeUnknown(Arc::new(LostAtCommit(ServerSaid::of(e)))),
     }
 }
 
@@ -56,15 +161,28 @@ pub(crate) enum Step {
     Retry(Error),
     /// Answer the caller with this.
     Fail(Error),
+    /// The write's partition is missing (nothing committed): make it (`Some`: the partition
+    /// key the server named) and run again.
+    Partition(Option<u64>),
 }
 
 impl Step {
     /// A statement before the commit failed: nothing committed.
     pub(crate) fn before_commit(e: tokio_postgres::Error) -> Step {
-        if is_retryable(&e) {
+        if let Some(at) = missing_partition(&e) {
+            Step::Partition(at)
+        } else if is_retryable(&e) {
             Step::Retry(database(e))
         } else {
             Step::Fail(database(e))
+        }
+    }
+
+    /// A statement that commits by itself failed.
+    pub(crate) fn autocommit(e: tokio_postgres::Error) -> Step {
+        match missing_partition(&e) {
+            Some(at) => Step::Partition(at),
+            None => Step::at_commit(e),
         }
     }
 

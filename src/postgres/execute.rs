@@ -16,14 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, ToStatement};
 
-use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, pool};
+use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, partition_missing, pool};
 use super::owner::FINISH;
-use super::reserve::{PARTITION_SLACK_MS, insert, prepared};
-use super::rows::{Found, KeyParts, NEWEST, ms, state_code, token_value};
+use super::reserve::{PARTITION_SLACK_MS, prepared};
+use super::rows::{Found, KeyParts, NEWEST, fingerprint_bytes, state_code, stored_ms, token_value};
+use super::sql::{clock, key_is_params, span};
 use super::stats::Owned;
 use super::wait::{CHANNEL, payload};
 use super::{Inner, PgStore};
-use crate::decide::{Decision, check_owner, decide, new_owner};
+use crate::decide::{Decision, check_owner, decide};
 use crate::error::{Error, ExecuteError};
 use crate::fingerprint::Payload;
 use crate::inbox::Consumed;
@@ -32,7 +33,7 @@ use crate::outcome::{ExecuteOutcome, Outcome};
 use crate::record::RecordState;
 use crate::retention::BeyondHorizonPolicy;
 use crate::scope::{Key, RecordKey, Scope};
-use crate::token::{FencingToken, Reservation};
+use crate::token::Reservation;
 
 /// The transaction a closure of [`PgStore::execute`] or [`PgStore::complete_with`] writes
 /// through: it derefs to tokio-postgres's
@@ -141,7 +142,8 @@ impl<'a> PgTx<'a> {
         self.conflict.load(Ordering::Relaxed)
     }
 
-    /// The store's clock at the start of this attempt, ms since the epoch.
+    /// The store's time (the server's clock) as this attempt's look read it, ms since the
+    /// epoch.
     pub fn now_ms(&self) -> u64 {
         self.now_ms
     }
@@ -272,9 +274,27 @@ impl PgStore {
     }
 }
 
-/// The record the reservation owns, locked for the transaction.
-const OWNED: &str = "SELECT token FROM idemdb_records WHERE operation = $1 AND principal = $2 \
-     AND key = $3 AND token = $4 AND state = 1 AND expires_at > $5 FOR UPDATE";
+/// The record the reservation owns (`$4` its token), live by the store's clock, locked for the
+/// transaction; the store's time.
+const OWNED: &str = concat!(
+    "WITH ",
+    clock!(),
+    " SELECT clock.now_ms FROM idemdb_records, clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND expires_at > clock.now_ms FOR UPDATE OF idemdb_records"
+);
+
+/// `execute`'s new record, finished (`$4` state, `$5` fingerprint, `$6` TTL, `$7` response),
+/// its times the store's.
+const INSERT_FINISHED: &str = concat!(
+    "WITH ",
+    clock!(),
+    " INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token, \
+     lease_expires_at, created_at, updated_at, expires_at, attempts, response) \
+     SELECT $1::bytea, $2::bytea, $3::bytea, $4::smallint, $5::bytea, \
+     nextval('idemdb_tokens'), clock.now_ms, clock.now_ms, clock.now_ms, \
+     clock.now_ms + $6::bigint, 1, $7::bytea FROM clock RETURNING token"
+);
 
 impl PgStore {
     fn count_owned<E>(&self, result: &Result<(), ExecuteError<E>>) {
@@ -287,12 +307,18 @@ impl PgStore {
     }
 }
 
-/// `execute`'s takeover: the record finished under a new token, if its earlier owner's lease
-/// is still over (an owner's `extend` takes no stripe).
-const TAKE_OVER_FINISHED: &str = "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
-     state = $5, response = $6, lease_expires_at = $7, updated_at = $7, \
-     attempts = attempts + 1, expires_at = $8 WHERE operation = $1 AND principal = $2 \
-     AND key = $3 AND token = $4 AND state = 1 AND lease_expires_at <= $7";
+/// `execute`'s takeover: the record finished under a new token (`$5` state, `$6` response,
+/// `$7` TTL), if its earlier owner's lease is still over by the store's clock (an owner's
+/// `extend` takes no stripe).
+const TAKE_OVER_FINISHED: &str = concat!(
+    "WITH ",
+    clock!(),
+    " UPDATE idemdb_records SET token = nextval('idemdb_tokens'), state = $5, response = $6, \
+     lease_expires_at = clock.now_ms, updated_at = clock.now_ms, attempts = attempts + 1, \
+     expires_at = clock.now_ms + $7 FROM clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND lease_expires_at <= clock.now_ms"
+);
 
 /// A watched statement of the closure lost a conflict: the transaction runs again.
 fn conflict() -> Step {
@@ -328,14 +354,14 @@ impl Inner {
             attempt += 1;
             let step: Result<Ran<ExecuteOutcome, E>, Step> = async {
                 let mut client = self.pool.get().await.map_err(pool)?;
-                let expires = self.clock.now_ms().saturating_add(ttl);
+                let expires = self.server_time().saturating_add(ttl);
                 self.partitions
                     .ensure_range(&client, expires, expires.saturating_add(PARTITION_SLACK_MS))
                     .await
                     .map_err(Step::before_commit)?;
                 let txn = client.transaction().await.map_err(Step::before_commit)?;
-                let (found, now) = self.locked_look(&txn, key, &p).await?;
-                let beyond = found.expired;
+                let found = self.locked_look(&txn, key, &p).await?;
+                let (beyond, now) = (found.expired, found.now_ms);
                 let previous = match decide(found.live, fingerprint, now) {
                     Decision::Replay(r) => return Ok(Ran::Answer(r.into())),
                     Decision::Acquire
@@ -355,39 +381,41 @@ impl Inner {
                 };
                 self.limits.check_response(outcome.response())?;
                 let (state, response) = match &outcome {
-                    Outcome::Completed(b) => (RecordState::Completed, b.clone()),
-                    Outcome::Failed(b) => (RecordState::Failed, b.clone()),
+                    Outcome::Completed(b) => (RecordState::Completed, b),
+                    Outcome::Failed(b) => (RecordState::Failed, b),
                 };
-                let placeholder = previous
-                    .as_ref()
-                    .map(|r| r.token)
-                    .or(FencingToken::new(1))
-                    .ok_or_else(|| Error::Internal("token 1".into()))?;
-                let mut rec = new_owner(previous.as_ref(), fingerprint, placeholder, now, now);
-                rec.state = state;
-                rec.response = response;
-                rec.expires_at = self.rules.expires_at(&rec, ttl);
+                let (state, ttl_v) = (state_code(state), span(ttl));
                 match &previous {
                     None => {
-                        insert(&txn, &p, &rec).await?;
+                        let fp = fingerprint_bytes(fingerprint).to_vec();
+                        let params: [&(dyn ToSql + Sync); 7] = [
+                            &p.operation,
+                            &p.principal,
+                            &p.key,
+                            &state,
+                            &fp,
+                            &ttl_v,
+                            response,
+                        ];
+                        txn.query_one(&prepared(&txn, INSERT_FINISHED).await?, &params)
+                            .await
+                            .map_err(Step::before_commit)?;
                     }
                     Some(prev) => {
                         // The earlier owner's lease ran out (and was not extended since:
                         // `extend` takes no stripe); it is fenced from here on.
+                        let token = token_value(prev.token);
+                        let params: [&(dyn ToSql + Sync); 7] = [
+                            &p.operation,
+                            &p.principal,
+                            &p.key,
+                            &token,
+                            &state,
+                            response,
+                            &ttl_v,
+                        ];
                         let n = txn
-                            .execute(
-                                &prepared(&txn, TAKE_OVER_FINISHED).await?,
-                                &[
-                                    &p.operation,
-                                    &p.principal,
-                                    &p.key,
-                                    &token_value(prev.token),
-                                    &state_code(rec.state),
-                                    &rec.response,
-                                    &ms(now),
-                                    &ms(rec.expires_at),
-                                ],
-                            )
+                            .execute(&prepared(&txn, TAKE_OVER_FINISHED).await?, &params)
                             .await
                             .map_err(Step::before_commit)?;
                         if n != 1 {
@@ -405,10 +433,15 @@ impl Inner {
                 Ok(Ran::Answer(outcome)) => return Ok(outcome),
                 Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
                 Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
+                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
+                    self.remake_partition(at).await?;
+                }
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
                     self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
+                Err(Step::Partition(_)) => return Err(ExecuteError::Db(partition_missing())),
                 Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
             }
         }
@@ -437,40 +470,35 @@ impl Inner {
             attempt += 1;
             let step: Result<Ran<(), E>, Step> = async {
                 let mut client = self.pool.get().await.map_err(pool)?;
-                let now = self.clock.now_ms();
-                let expires = now.saturating_add(ttl);
+                let expires = self.server_time().saturating_add(ttl);
                 self.partitions
                     .ensure(&client, expires)
                     .await
                     .map_err(Step::before_commit)?;
                 let txn = client.transaction().await.map_err(Step::before_commit)?;
                 // Owned, and locked: no takeover can slip in while the closure runs.
+                let token = token_value(reservation.token);
                 let owned = txn
                     .query_opt(
                         &prepared(&txn, OWNED).await?,
-                        &[
-                            &p.operation,
-                            &p.principal,
-                            &p.key,
-                            &token_value(reservation.token),
-                            &ms(now),
-                        ],
+                        &[&p.operation, &p.principal, &p.key, &token],
                     )
                     .await
                     .map_err(Step::before_commit)?;
-                if owned.is_none() {
-                    let row = txn
-                        .query_opt(
+                let Some(owned) = owned else {
+                    let look = txn
+                        .query_one(
                             &prepared(&txn, NEWEST).await?,
                             &[&p.operation, &p.principal, &p.key],
                         )
                         .await
                         .map_err(Step::before_commit)?;
-                    let live = Found::of(row.as_ref(), now)?.live;
-                    check_owner(live, reservation.token)?;
+                    check_owner(self.seen(Found::of(&look, 9)?).live, reservation.token)?;
                     // Owned after all (it moved between the statements): run again.
                     return Err(moved());
-                }
+                };
+                let now: i64 = owned.try_get(0).map_err(Step::before_commit)?;
+                let now = stored_ms(now)?;
                 let mut tx = PgTx::new(&txn, now, reservation.beyond_horizon);
                 match body(&mut tx).await {
                     _ if tx.conflicted() => return Err(conflict()),
@@ -486,11 +514,10 @@ impl Inner {
                             &p.operation,
                             &p.principal,
                             &p.key,
-                            &token_value(reservation.token),
+                            &token,
                             &state_code(state),
                             &response,
-                            &ms(now),
-                            &ms(expires),
+                            &span(ttl),
                             &channel,
                             &hash,
                         ],
@@ -510,10 +537,15 @@ impl Inner {
                 Ok(Ran::Answer(())) => return Ok(()),
                 Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
                 Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
+                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
+                    self.remake_partition(at).await?;
+                }
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
                     self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
+                Err(Step::Partition(_)) => return Err(ExecuteError::Db(partition_missing())),
                 Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
             }
         }

@@ -7,8 +7,11 @@
 //! - execute.rs: `execute`, `complete_with`, `fail_with`, `consume`: the caller's writes in
 //!   the transaction that writes the record;
 //! - schema.rs, rows.rs: the tables, versioned, and records as rows;
+//! - sql.rs: the store's clock (the server's, read by each statement) and how a key is found;
+//!   server_time.rs: what this instance last learnt of it;
 //! - partitions.rs: time partitions and the compactor; wait.rs: LISTEN/NOTIFY;
-//! - errors.rs: refused, retried or outcome unknown.
+//! - tls.rs: `sslmode` on rustls;
+//! - errors.rs: refused, retried or outcome unknown, in the server's words.
 
 mod errors;
 mod execute;
@@ -17,7 +20,10 @@ mod partitions;
 mod reserve;
 mod rows;
 mod schema;
+mod server_time;
+mod sql;
 mod stats;
+mod tls;
 mod wait;
 
 use std::future::Future;
@@ -43,11 +49,13 @@ use crate::store::Store;
 use crate::token::Reservation;
 use errors::database;
 use partitions::Partitions;
+use rows::Found;
+use server_time::ServerTime;
 use stats::Owned;
 use wait::Waits;
 
 /// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
-/// engine (retention, limits, clock).
+/// engine (retention, limits).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), idemdb::Error> {
@@ -59,6 +67,8 @@ use wait::Waits;
 /// ```
 pub struct PgStoreBuilder {
     config: tokio_postgres::Config,
+    tls: tls::Mode,
+    tls_roots: Option<Vec<u8>>,
     pool_size: usize,
     retention: Retention,
     limits: Limits,
@@ -68,12 +78,38 @@ pub struct PgStoreBuilder {
 }
 
 impl PgStore {
-    /// A builder for the database at `url` (a libpq connection string or URL; TLS is not
-    /// supported: connect over a trusted network or a local socket).
+    /// A builder for the database at `url` (a libpq connection string or URL). TLS is as
+    /// its `sslmode` says, with libpq's meanings: `disable`, `prefer` (the default: TLS when
+    /// the server offers it, unverified), `require` (TLS, unverified), `verify-ca` (the
+    /// server's certificate chains to a trusted root) or `verify-full` (and names the host):
+    /// use `verify-full` across any network you do not control. Trusted roots are the
+    /// operating system's, or the PEM file of `sslrootcert=<path>`, or those given to
+    /// [`tls_root_certificates`](PgStoreBuilder::tls_root_certificates).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), idemdb::Error> {
+    /// let ca = std::fs::read("/etc/ssl/db-ca.pem").unwrap();
+    /// let builder = idemdb::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
+    ///     .tls_root_certificates(ca);
+    /// # Ok(()) }
+    /// ```
     pub fn builder(url: &str) -> Result<PgStoreBuilder, Error> {
-        let config: tokio_postgres::Config = url.parse().map_err(database)?;
+        let split = tls::split(url)?;
+        let mut config: tokio_postgres::Config = split.rest.parse().map_err(database)?;
+        config.ssl_mode(split.mode.driver());
+        let tls_roots = match split.root_file.as_deref() {
+            None | Some("system") => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::Database(Arc::new(std::io::Error::new(
+                    e.kind(),
+                    format!("sslrootcert {path}: {e}"),
+                )))
+            })?),
+        };
         Ok(PgStoreBuilder {
             config,
+            tls: split.mode,
+            tls_roots,
             pool_size: 16,
             // Every read of a key probes each partition's index (the partition key is not
             // the record key), so fewer, wider partitions than the embedded default.
@@ -91,6 +127,17 @@ impl PgStoreBuilder {
     /// The partition width of a store built without [`retention`](Self::retention): a
     /// quarter of the default 24 h TTL, so that about six partitions hold the live records.
     pub const DEFAULT_PARTITION_WIDTH: Duration = Duration::from_secs(6 * 3600);
+
+    /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust, instead of the
+    /// operating system's roots or the URL's `sslrootcert`.
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots = Some(pem.into());
+        self
+    }
+
+    fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, Error> {
+        tls::connector(self.tls, self.tls_roots.as_deref())
+    }
 
     /// Connections in the pool (default 16). Each operation holds one for its statements;
     /// `execute` and `complete_with` hold one while their closure runs.
@@ -124,8 +171,11 @@ impl PgStoreBuilder {
         self
     }
 
-    /// The clock leases and expiry are read from (default: the system clock). Instances that
-    /// share a database must agree on the time to well within a lease.
+    /// This instance's clock (default: the system clock). The store judges no lease and no
+    /// expiry by it, and writes no time from it: every time is the server's, read by the
+    /// statement that acts on it, so instances whose clocks disagree (by minutes or days)
+    /// still run each intent once. It is only compared with the server's, for
+    /// [`PgStats::clock_skew_ms`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -142,11 +192,7 @@ impl PgStoreBuilder {
     /// place. Idempotent, and safe to run from several instances at once. Refuses a schema
     /// of a newer build with [`Error::UnsupportedFormat`].
     pub async fn migrate(&self) -> Result<u32, Error> {
-        let (mut client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(database)?;
+        let (mut client, connection) = self.config.connect(self.tls()?).await.map_err(database)?;
         let driver = tokio::spawn(connection);
         let version = schema::migrate(&mut client).await;
         drop(client);
@@ -161,9 +207,11 @@ impl PgStoreBuilder {
     pub async fn connect(self) -> Result<PgStore, Error> {
         self.retention.validate()?;
         self.limits.validate()?;
+        record_fits(&self.limits)?;
+        let tls = self.tls()?;
         let manager = deadpool_postgres::Manager::from_config(
             self.config.clone(),
-            tokio_postgres::NoTls,
+            tls.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -175,12 +223,16 @@ impl PgStoreBuilder {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| Error::Database(Arc::new(e)))?;
-        let meta = {
+        let (meta, server_ms) = {
             let client = pool.get().await.map_err(errors::pool)?;
-            schema::Meta::read(&client).await?
+            let meta = schema::Meta::read(&client).await?;
+            (meta, schema::server_now(&client).await?)
         };
         let rules = self.retention.rules();
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("PgStore connected outside a tokio runtime".into()))?;
         let inner = Arc::new(Inner {
+            runtime,
             partitions: Partitions::new(rules.width_ms),
             pool,
             database_id: meta.database_id,
@@ -188,6 +240,7 @@ impl PgStoreBuilder {
             limits: self.limits,
             retention: self.retention,
             rules,
+            server: ServerTime::new(server_ms, self.clock.now_ms()),
             clock: self.clock,
             waits: Arc::new(Waits::default()),
             wait_poll: self.wait_poll,
@@ -195,6 +248,7 @@ impl PgStoreBuilder {
         });
         let mut tasks = vec![tokio::spawn(wait::listen(
             self.config,
+            tls,
             Arc::downgrade(&inner.waits),
         ))];
         if let Some(every) = inner.retention.compact_interval {
@@ -225,13 +279,17 @@ impl Drop for PgStore {
 }
 
 pub(crate) struct Inner {
+    /// The runtime connected on: background work (lease renewals) runs there.
+    runtime: tokio::runtime::Handle,
     pool: deadpool_postgres::Pool,
     database_id: u64,
     fingerprinter: Fingerprinter,
     limits: Limits,
     retention: Retention,
     rules: Rules,
+    /// This instance's clock: compared with the server's, never used to judge.
     clock: Arc<dyn Clock>,
+    server: ServerTime,
     partitions: Partitions,
     waits: Arc<Waits>,
     wait_poll: Duration,
@@ -246,9 +304,12 @@ impl PgStore {
         self.inner.compact().await
     }
 
-    /// What this instance's callers were told since connect, and its pool now.
+    /// What this instance's callers were told since connect, its pool now, and how far its
+    /// clock is from the server's.
     pub fn stats(&self) -> PgStats {
-        self.inner.counters.snapshot(&self.inner.pool)
+        let mut stats = self.inner.counters.snapshot(&self.inner.pool);
+        stats.clock_skew_ms = self.inner.server.skew_ms();
+        stats
     }
 
     /// The connection pool, for the service's own statements outside idemdb's transactions.
@@ -261,10 +322,8 @@ impl Inner {
     async fn compact(&self) -> Result<PgCompaction, Error> {
         let mut report = PgCompaction::default();
         let client = self.pool.get().await.map_err(errors::pool)?;
-        let now = self.clock.now_ms();
-        self.partitions
-            .drop_expired(&client, now, &mut report)
-            .await?;
+        let now = self.partitions.drop_expired(&client, &mut report).await?;
+        self.server.saw(now, self.clock.now_ms());
         // The partitions the next writes go to: a finished record's, and an owner's lease
         // beyond it, for each TTL.
         let mut ttls: Vec<u64> = self.rules.ttls().collect();
@@ -280,6 +339,65 @@ impl Inner {
                 .map_err(database)?;
         }
         Ok(report)
+    }
+
+    /// A statement read the store's time: noted for estimates and the skew.
+    fn seen(&self, found: Found) -> Found {
+        self.server.saw(found.now_ms, self.clock.now_ms());
+        found
+    }
+
+    /// The server's time now, estimated (for partitions made ahead of a write only).
+    fn server_time(&self) -> u64 {
+        self.server.estimate()
+    }
+
+    /// Makes the partition a write found missing (`at`: the partition key the server named;
+    /// without it, every partition is looked at again by the next writes).
+    async fn remake_partition(&self, at: Option<u64>) -> Result<(), Error> {
+        let Some(at) = at else {
+            self.partitions.forget_all();
+            return Ok(());
+        };
+        let client = self.pool.get().await.map_err(errors::pool)?;
+        self.partitions
+            .remake(&client, at)
+            .await
+            .map_err(database)?;
+        Ok(())
+    }
+}
+
+/// The most a record's key parts and response may add up to: a statement's parameters travel
+/// in one protocol message, and the server refuses messages of 1 GB and more.
+const MAX_RECORD_BYTES: usize = 512 << 20;
+
+/// Refuses limits a record could exceed: every record the limits accept must be storable.
+fn record_fits(limits: &Limits) -> Result<(), Error> {
+    let len = [
+        limits.max_operation_len,
+        limits.max_principal_len,
+        limits.max_key_len,
+        limits.max_response_len,
+    ]
+    .iter()
+    .fold(0usize, |sum, l| sum.saturating_add(*l));
+    if len > MAX_RECORD_BYTES {
+        return Err(Error::InvalidInput(crate::error::InputError::TooLong {
+            what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
+            len,
+            max: MAX_RECORD_BYTES,
+        }));
+    }
+    Ok(())
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -395,6 +513,34 @@ impl Store for PgStore {
         key: &Key,
     ) -> impl Future<Output = Result<Option<Record>, Error>> + Send {
         self.inner.get(scope, key)
+    }
+
+    fn renew_lease(
+        &self,
+        reservation: &Reservation,
+        lease: Duration,
+    ) -> impl Future<Output = Error> + Send {
+        let inner = Arc::clone(&self.inner);
+        let reservation = reservation.clone();
+        // On the store's runtime, so that the future may be polled by any executor (a
+        // Heartbeat's thread); stopped when the future is dropped.
+        let task = AbortOnDrop(self.inner.runtime.spawn(async move {
+            let extend = |mut r: Reservation, lease| {
+                let inner = Arc::clone(&inner);
+                async move {
+                    let result = inner.extend(&mut r, lease).await;
+                    (r, result)
+                }
+            };
+            crate::heartbeat::renew(reservation, lease, extend, tokio::time::sleep).await
+        }));
+        async move {
+            let mut task = task;
+            match (&mut task.0).await {
+                Ok(lost) => lost,
+                Err(e) => Error::Internal(format!("the lease renewal task ended: {e}")),
+            }
+        }
     }
 
     fn release_detached(&self, reservation: Reservation) -> Result<(), Error> {

@@ -7,8 +7,9 @@ use std::time::Duration;
 use super::Inner;
 use tokio_postgres::types::ToSql;
 
-use super::errors::{MAX_ATTEMPTS, Step, after_commit, backoff, database, is_retryable, pool};
-use super::rows::{Found, KeyParts, ms, newest, state_code, token_value};
+use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};
+use super::rows::{Found, KeyParts, newest, state_code, stored_ms, token_value};
+use super::sql::{clock, key_is_params, span};
 use super::wait::{CHANNEL, payload};
 use crate::decide::check_owner;
 use crate::error::Error;
@@ -16,24 +17,40 @@ use crate::ops::lease_ms;
 use crate::record::RecordState;
 use crate::token::Reservation;
 
-/// Finishes a record; notifies at commit if a duplicate announced it waits (a notification
-/// takes a cluster-wide lock through the commit's flush: commits that notify go one at a
-/// time, so only those that wake someone do).
-pub(crate) const FINISH: &str = "WITH done AS (UPDATE idemdb_records SET state = $5, \
-     response = $6, updated_at = $7, expires_at = $8 \
-     WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND expires_at > $7 RETURNING waiters) \
-     SELECT CASE WHEN waiters > 0 THEN pg_notify($9, $10)::text END FROM done";
+/// Finishes a record (`$5` state, `$6` response, `$7` TTL); notifies at commit if a duplicate
+/// announced it waits (a notification takes a cluster-wide lock through the commit's flush:
+/// commits that notify go one at a time, so only those that wake someone do).
+pub(crate) const FINISH: &str = concat!(
+    "WITH ",
+    clock!(),
+    ", done AS (UPDATE idemdb_records SET state = $5, response = $6, \
+     updated_at = clock.now_ms, expires_at = clock.now_ms + $7 FROM clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND expires_at > clock.now_ms \
+     RETURNING idemdb_records.waiters) \
+     SELECT CASE WHEN waiters > 0 THEN pg_notify($8, $9)::text END FROM done"
+);
 
-const RELEASE: &str = "WITH gone AS (DELETE FROM idemdb_records \
-     WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND expires_at > $5 RETURNING waiters) \
-     SELECT CASE WHEN waiters > 0 THEN pg_notify($6, $7)::text END FROM gone";
+const RELEASE: &str = concat!(
+    "WITH ",
+    clock!(),
+    ", gone AS (DELETE FROM idemdb_records USING clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND expires_at > clock.now_ms \
+     RETURNING idemdb_records.waiters) \
+     SELECT CASE WHEN waiters > 0 THEN pg_notify($5, $6)::text END FROM gone"
+);
 
-const EXTEND: &str = "UPDATE idemdb_records SET lease_expires_at = $5, updated_at = $6, \
-     expires_at = $7 \
-     WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND expires_at > $6 RETURNING token";
+/// Renews the lease (`$5`) from the store's time; `$6` the TTL.
+const EXTEND: &str = concat!(
+    "WITH ",
+    clock!(),
+    " UPDATE idemdb_records SET lease_expires_at = clock.now_ms + $5, \
+     updated_at = clock.now_ms, expires_at = clock.now_ms + $5 + $6 FROM clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND expires_at > clock.now_ms \
+     RETURNING idemdb_records.lease_expires_at"
+);
 
 /// An owner's statement, guarded by its token.
 enum OwnerOp<'a> {
@@ -97,12 +114,11 @@ impl Inner {
         loop {
             attempt += 1;
             let client = self.pool.get().await.map_err(pool)?;
-            let now = self.clock.now_ms();
-            match self.run_op(&client, reservation, &p, op, now).await {
+            match self.run_op(&client, reservation, &p, op).await {
                 Ok(Some(lease_end)) => return Ok(lease_end),
                 Ok(None) => {
                     let row = newest(&client, &p).await.map_err(database)?;
-                    let live = Found::of(row.as_ref(), self.clock.now_ms())?.live;
+                    let live = self.seen(Found::of(&row, 9)?).live;
                     match check_owner(live, reservation.token) {
                         Err(e) => return Err(e),
                         // Owned after all: the record moved between the two statements.
@@ -114,10 +130,15 @@ impl Inner {
                         }
                     }
                 }
+                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS => {
+                    self.counters.retried();
+                    self.remake_partition(at).await?;
+                }
                 Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
                     self.counters.retried();
                     tokio::time::sleep(backoff(attempt)).await;
                 }
+                Err(Step::Partition(_)) => return Err(partition_missing()),
                 Err(Step::Retry(e) | Step::Fail(e)) => return Err(e),
             }
         }
@@ -130,22 +151,21 @@ impl Inner {
         reservation: &Reservation,
         p: &KeyParts<'_>,
         op: &OwnerOp<'_>,
-        now: u64,
     ) -> Result<Option<u64>, Step> {
         let key = &reservation.record_key;
         let ttl = self.rules.ttl_ms(key);
         let token = token_value(reservation.token);
         let (channel, hash) = (CHANNEL, payload(key));
         let (p1, p2, p3) = (&p.operation, &p.principal, &p.key);
-        let (sql, lease_end, expires) = match op {
-            OwnerOp::Finish { .. } => (FINISH, 0, now.saturating_add(ttl)),
-            OwnerOp::Release => (RELEASE, 0, 0),
-            OwnerOp::Extend { lease_ms } => {
-                let lease_end = now.saturating_add(*lease_ms);
-                (EXTEND, lease_end, lease_end.saturating_add(ttl))
-            }
+        // Where the write will land, estimated: a missed partition is made when the write
+        // says so, and the write runs again.
+        let (sql, expires) = match op {
+            OwnerOp::Finish { .. } => (FINISH, Some(ttl)),
+            OwnerOp::Release => (RELEASE, None),
+            OwnerOp::Extend { lease_ms } => (EXTEND, Some(lease_ms.saturating_add(ttl))),
         };
-        if expires > 0 {
+        if let Some(span_ms) = expires {
+            let expires = self.server_time().saturating_add(span_ms);
             self.partitions
                 .ensure(client, expires)
                 .await
@@ -155,32 +175,35 @@ impl Inner {
             .prepare_cached(sql)
             .await
             .map_err(Step::before_commit)?;
-        let (now_v, expires_v, lease_v) = (ms(now), ms(expires), ms(lease_end));
+        let ttl_v = span(ttl);
         let result = match op {
             OwnerOp::Finish { state, response } => {
                 let state = state_code(*state);
-                let params: [&(dyn ToSql + Sync); 10] = [
-                    p1, p2, p3, &token, &state, response, &now_v, &expires_v, &channel, &hash,
+                let params: [&(dyn ToSql + Sync); 9] = [
+                    p1, p2, p3, &token, &state, response, &ttl_v, &channel, &hash,
                 ];
                 client.query(&stmt, &params).await
             }
             OwnerOp::Release => {
-                let params: [&(dyn ToSql + Sync); 7] =
-                    [p1, p2, p3, &token, &now_v, &channel, &hash];
+                let params: [&(dyn ToSql + Sync); 6] = [p1, p2, p3, &token, &channel, &hash];
                 client.query(&stmt, &params).await
             }
-            OwnerOp::Extend { .. } => {
-                let params: [&(dyn ToSql + Sync); 7] =
-                    [p1, p2, p3, &token, &lease_v, &now_v, &expires_v];
+            OwnerOp::Extend { lease_ms } => {
+                let lease_v = span(*lease_ms);
+                let params: [&(dyn ToSql + Sync); 6] = [p1, p2, p3, &token, &lease_v, &ttl_v];
                 client.query(&stmt, &params).await
             }
         };
-        match result {
-            Ok(rows) if rows.is_empty() => Ok(None),
-            Ok(_) => Ok(Some(lease_end)),
-            Err(e) if is_retryable(&e) => Err(Step::Retry(database(e))),
-            // The server answered: refused, nothing changed. Else the commit may have happened.
-            Err(e) => Err(Step::Fail(after_commit(e))),
+        let rows = result.map_err(Step::autocommit)?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        match op {
+            OwnerOp::Extend { .. } => {
+                let lease_end: i64 = row.try_get(0).map_err(Step::before_commit)?;
+                Ok(Some(stored_ms(lease_end)?))
+            }
+            _ => Ok(Some(0)),
         }
     }
 }

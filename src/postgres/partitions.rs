@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 use tokio_postgres::error::SqlState;
 
 use super::errors::database;
-use super::rows::ms;
+use super::rows::{ms, stored_ms};
+use super::sql::clock;
 use crate::error::Error;
 
 /// What one compaction did.
@@ -113,25 +114,47 @@ impl Partitions {
         Ok(made)
     }
 
-    /// Drops every partition whose rows have all expired by `now_ms`: detached first
-    /// (concurrently, where the server can, so that writes are not blocked) then dropped.
+    /// Forgets what is known of the partition holding `expires_at` and makes sure it exists:
+    /// after a write found it missing (another instance dropped it, or the cache was wrong).
+    pub(crate) async fn remake(
+        &self,
+        client: &tokio_postgres::Client,
+        expires_at: u64,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let (start, _) = self.bounds(expires_at);
+        self.known.lock().remove(&start);
+        self.ensure(client, expires_at).await
+    }
+
+    /// Forgets every partition known: the next writes make sure of theirs again.
+    pub(crate) fn forget_all(&self) {
+        self.known.lock().clear();
+    }
+
+    /// Drops every partition whose rows have all expired by the store's time (the server's
+    /// clock, read by the statement that lists them): detached first (concurrently, where
+    /// the server can, so that writes are not blocked) then dropped. The store's time.
     pub(crate) async fn drop_expired(
         &self,
         client: &tokio_postgres::Client,
-        now_ms: u64,
         report: &mut PgCompaction,
-    ) -> Result<(), Error> {
-        let rows = client
-            .query(
-                "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                 WHERE i.inhparent = 'idemdb_records'::regclass",
+    ) -> Result<u64, Error> {
+        let row = client
+            .query_one(
+                concat!(
+                    "WITH ",
+                    clock!(),
+                    " SELECT (SELECT now_ms FROM clock), array(SELECT c.relname::text \
+                     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                     WHERE i.inhparent = 'idemdb_records'::regclass)"
+                ),
                 &[],
             )
             .await
             .map_err(database)?;
-        let now = ms(now_ms);
-        for row in rows {
-            let name: String = row.get(0);
+        let now: i64 = row.try_get(0).map_err(database)?;
+        let names: Vec<String> = row.try_get(1).map_err(database)?;
+        for name in names {
             let Some((start, Some(end))) = parse(&name) else {
                 continue;
             };
@@ -149,7 +172,7 @@ impl Partitions {
             report.partitions_dropped += 1;
             self.known.lock().remove(&start);
         }
-        Ok(())
+        stored_ms(now)
     }
 }
 

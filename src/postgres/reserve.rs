@@ -11,9 +11,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Inner;
-use super::errors::{MAX_ATTEMPTS, Step, after_commit, backoff, database, pool};
-use super::rows::{Found, KeyParts, NEWEST, RowValues, ms, newest, token_from, token_value};
-use crate::decide::{Decision, decide, new_owner};
+use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};
+use super::rows::{
+    Found, KeyParts, NEWEST, fingerprint_bytes, newest, stored_ms, token_from, token_value,
+};
+use super::sql::{clock, key_is_params, span};
+use crate::decide::{Decision, decide};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::ops::lease_ms;
@@ -26,44 +29,60 @@ use tokio_postgres::types::ToSql;
 
 type Reserved = Result<ReserveOutcome, Error>;
 
-/// A takeover: the record's owner changes if it is still the one decided on.
-const TAKE_OVER: &str = "UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
-     lease_expires_at = $5, updated_at = $6, attempts = attempts + 1, expires_at = $7 \
-     WHERE operation = $1 AND principal = $2 AND key = $3 AND token = $4 AND state = 1 \
-     AND lease_expires_at <= $6 AND expires_at > $6 RETURNING token";
+/// A takeover: the record's owner changes if it is still the one decided on and its lease is
+/// still over by the store's clock. `$4` the token seen, `$5` the lease, `$6` the TTL (ms).
+const TAKE_OVER: &str = concat!(
+    "WITH ",
+    clock!(),
+    " UPDATE idemdb_records SET token = nextval('idemdb_tokens'), \
+     lease_expires_at = clock.now_ms + $5, updated_at = clock.now_ms, \
+     attempts = attempts + 1, expires_at = clock.now_ms + $5 + $6 FROM clock WHERE ",
+    key_is_params!(),
+    " AND token = $4 AND state = 1 AND lease_expires_at <= clock.now_ms \
+     AND expires_at > clock.now_ms \
+     RETURNING idemdb_records.token, idemdb_records.lease_expires_at, idemdb_records.attempts"
+);
 
-/// A waiting duplicate's announcement to the live IN_PROGRESS record of its key ($5: the
+/// A waiting duplicate's announcement to the live IN_PROGRESS record of its key (`$4`: the
 /// owner's token already told, if any; the record is left alone for it).
-const ANNOUNCE: &str = "UPDATE idemdb_records SET waiters = waiters + 1 \
-     WHERE operation = $1 AND principal = $2 AND key = $3 AND state = 1 \
-     AND lease_expires_at > $4 AND expires_at > $4 \
-     AND token IS DISTINCT FROM $5::bigint RETURNING token";
-
-/// A new record, IN_PROGRESS (or finished, for `execute`).
-pub(crate) const INSERT: &str = "INSERT INTO idemdb_records (operation, principal, key, \
-     state, fingerprint, token, lease_expires_at, created_at, updated_at, expires_at, \
-     attempts, response) VALUES ($1, $2, $3, $4, $5, nextval('idemdb_tokens'), $6, $7, $8, \
-     $9, $10, $11) RETURNING token";
+const ANNOUNCE: &str = concat!(
+    "WITH ",
+    clock!(),
+    " UPDATE idemdb_records SET waiters = waiters + 1 FROM clock WHERE ",
+    key_is_params!(),
+    " AND state = 1 AND lease_expires_at > clock.now_ms AND expires_at > clock.now_ms \
+     AND token IS DISTINCT FROM $4::bigint RETURNING idemdb_records.token"
+);
 
 /// Under the key's stripe lock, one statement: the key's newest row, and the insert of the
-/// new owner's record ($4–$11) if no live record exists ($12 = now) and either no record at
-/// all or the policy flags a key beyond its horizon ($13). Column 9: the inserted token.
-const CLAIM: &str = "WITH newest AS (SELECT state, fingerprint, token, lease_expires_at, \
-     created_at, updated_at, expires_at, attempts, response FROM idemdb_records \
-     WHERE operation = $1 AND principal = $2 AND key = $3 ORDER BY expires_at DESC LIMIT 1), \
+/// new owner's IN_PROGRESS record (`$4` fingerprint, `$5` lease, `$6` TTL) if no live record
+/// exists by the store's clock and either no record at all or the policy flags a key beyond
+/// its horizon (`$7`). Columns 0–8 the newest row, 9 the inserted token, 10 its lease end,
+/// 11 the store's time.
+const CLAIM: &str = concat!(
+    "WITH ",
+    clock!(),
+    ", newest AS (SELECT state, fingerprint, token, lease_expires_at, created_at, updated_at, \
+     expires_at, attempts, response FROM idemdb_records WHERE ",
+    key_is_params!(),
+    " ORDER BY expires_at DESC LIMIT 1), \
      ins AS (INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token, \
      lease_expires_at, created_at, updated_at, expires_at, attempts, response) \
-     SELECT $1, $2, $3, $4, $5, nextval('idemdb_tokens'), $6, $7, $8, $9, $10, $11 \
-     WHERE NOT EXISTS (SELECT 1 FROM newest WHERE expires_at > $12) \
-     AND ($13 OR NOT EXISTS (SELECT 1 FROM newest)) RETURNING token) \
+     SELECT $1, $2, $3, 1, $4::bytea, nextval('idemdb_tokens'), clock.now_ms + $5::bigint, \
+     clock.now_ms, clock.now_ms, clock.now_ms + $5::bigint + $6::bigint, 1, ''::bytea \
+     FROM clock WHERE NOT EXISTS (SELECT 1 FROM newest WHERE newest.expires_at > clock.now_ms) \
+     AND ($7::boolean OR NOT EXISTS (SELECT 1 FROM newest)) \
+     RETURNING token, lease_expires_at) \
      SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at, \
-     n.expires_at, n.attempts, n.response, (SELECT token FROM ins) \
-     FROM (SELECT 1) AS one LEFT JOIN newest AS n ON true";
+     n.expires_at, n.attempts, n.response, (SELECT token FROM ins), \
+     (SELECT lease_expires_at FROM ins), clock.now_ms FROM clock LEFT JOIN newest AS n ON true"
+);
 
 /// Locks the stripe of a key; held until the transaction ends.
 const LOCK_STRIPE: &str = "SELECT stripe FROM idemdb_stripes WHERE stripe = $1 FOR UPDATE";
 
-/// Longest a clock may move between the partition made for a write and the write itself.
+/// How far past the expiry a write was estimated to have the partitions made ahead of it:
+/// the estimate of the server's time is the last reading plus the time since.
 pub(crate) const PARTITION_SLACK_MS: u64 = 60_000;
 
 /// A reservation in the making: what every attempt needs.
@@ -89,27 +108,25 @@ impl Inner {
         })
     }
 
-    /// Locks the key's stripe in `txn` and reads its newest row again, at a clock reading
-    /// taken after the lock: what no other reservation of the key can change until the
-    /// transaction ends.
+    /// Locks the key's stripe in `txn` and reads its newest row again, with the store's time:
+    /// what no other reservation of the key can change until the transaction ends.
     pub(crate) async fn locked_look(
         &self,
         txn: &deadpool_postgres::Transaction<'_>,
         key: &RecordKey,
         p: &KeyParts<'_>,
-    ) -> Result<(Found, u64), Step> {
+    ) -> Result<Found, Step> {
         txn.query_one(&prepared(txn, LOCK_STRIPE).await?, &[&stripe(key)])
             .await
             .map_err(Step::before_commit)?;
-        let now = self.clock.now_ms();
         let row = txn
-            .query_opt(
+            .query_one(
                 &prepared(txn, NEWEST).await?,
                 &[&p.operation, &p.principal, &p.key],
             )
             .await
             .map_err(Step::before_commit)?;
-        Ok((Found::of(row.as_ref(), now)?, now))
+        Ok(self.seen(Found::of(&row, 9)?))
     }
 
     pub(crate) async fn reserve(
@@ -177,13 +194,9 @@ impl Inner {
     ) -> Result<Option<i64>, Error> {
         let p = &request.parts;
         let client = self.pool.get().await.map_err(pool)?;
-        let now = ms(self.clock.now_ms());
         let stmt = client.prepare_cached(ANNOUNCE).await.map_err(database)?;
         let row = client
-            .query_opt(
-                &stmt,
-                &[&p.operation, &p.principal, &p.key, &now, &announced],
-            )
+            .query_opt(&stmt, &[&p.operation, &p.principal, &p.key, &announced])
             .await
             .map_err(database)?;
         match row {
@@ -199,7 +212,7 @@ impl Inner {
         let parts = KeyParts::of(&key)?;
         let client = self.pool.get().await.map_err(pool)?;
         let row = newest(&client, &parts).await.map_err(database)?;
-        Ok(Found::of(row.as_ref(), self.clock.now_ms())?.live)
+        Ok(self.seen(Found::of(&row, 9)?).live)
     }
 
     pub(crate) async fn reserve_request(&self, request: &Request<'_>) -> Reserved {
@@ -209,6 +222,10 @@ impl Inner {
             match self.reserve_once(request).await {
                 Ok(Some(outcome)) => return Ok(outcome),
                 Err(Step::Fail(e)) => return Err(e),
+                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS * 4 => {
+                    self.counters.retried();
+                    self.remake_partition(at).await?;
+                }
                 // The record changed between the read and the write, or a conflict.
                 Ok(None) | Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS * 4 => {
                     self.counters.retried();
@@ -220,6 +237,7 @@ impl Inner {
                     ));
                 }
                 Err(Step::Retry(e)) => return Err(e),
+                Err(Step::Partition(_)) => return Err(partition_missing()),
             }
         }
     }
@@ -229,19 +247,18 @@ impl Inner {
         let p = &request.parts;
         let ttl = self.rules.ttl_ms(request.key);
         let mut client = self.pool.get().await.map_err(pool)?;
-        let now = self.clock.now_ms();
         let row = newest(&client, p).await.map_err(Step::before_commit)?;
-        let found = Found::of(row.as_ref(), now)?;
+        let found = self.seen(Found::of(&row, 9)?);
+        let now = found.now_ms;
         if found.live.is_some() {
             return match decide(found.live, request.fingerprint, now) {
                 Decision::Replay(r) => Ok(Some(r.into())),
-                Decision::TakeOver(prev) => self.take_over(&client, request, &prev, now, ttl).await,
+                Decision::TakeOver(prev) => self.take_over(&client, request, &prev, ttl).await,
                 // A live record is never absent: decided again under the lock below.
                 Decision::Acquire => Ok(None),
             };
         }
-        let lease_end = now.saturating_add(request.lease_ms);
-        let expires = lease_end.saturating_add(ttl);
+        let expires = now.saturating_add(request.lease_ms).saturating_add(ttl);
         self.partitions
             .ensure_range(&client, expires, expires.saturating_add(PARTITION_SLACK_MS))
             .await
@@ -250,34 +267,37 @@ impl Inner {
         txn.query_one(&prepared(&txn, LOCK_STRIPE).await?, &[&stripe(request.key)])
             .await
             .map_err(Step::before_commit)?;
-        // What the lock lets this transaction see, read and acted on in one statement: the
-        // new owner's record, inserted only where `decide` acquires (no live record; an
-        // expired one only under `Flag`). Otherwise the shared decision, on the row read.
-        let now = self.clock.now_ms();
-        let lease_end = now.saturating_add(request.lease_ms);
-        let placeholder = FencingToken::new(1).ok_or_else(|| Error::Internal("token 1".into()))?;
-        let mut rec = new_owner(None, request.fingerprint, placeholder, lease_end, now);
-        rec.expires_at = self.rules.expires_at(&rec, ttl);
+        // What the lock lets this transaction see, read and acted on in one statement at the
+        // server's time: the new owner's record, inserted only where `decide` acquires (no
+        // live record; an expired one only under `Flag`). Otherwise the shared decision, on
+        // the row read.
         let flag_beyond = self.rules.policy == BeyondHorizonPolicy::Flag;
-        let values = RowValues::of(&rec);
-        let now_v = ms(now);
-        let mut params = values.params(p);
-        params.extend([&now_v as &(dyn ToSql + Sync), &flag_beyond]);
+        let fingerprint = fingerprint_bytes(request.fingerprint).to_vec();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &p.operation,
+            &p.principal,
+            &p.key,
+            &fingerprint,
+            &span(request.lease_ms),
+            &span(ttl),
+            &flag_beyond,
+        ];
         let row = txn
             .query_one(&prepared(&txn, CLAIM).await?, &params)
             .await
             .map_err(Step::before_commit)?;
+        let found = self.seen(Found::of(&row, 11)?);
         let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
         let Some(token) = inserted else {
             // Not inserted: a newest row exists, live (or expired, refused by the policy).
-            let found = Found::of(Some(&row), now)?;
-            return match decide(found.live, request.fingerprint, now) {
+            return match decide(found.live, request.fingerprint, found.now_ms) {
                 Decision::Replay(r) => Ok(Some(r.into())),
                 // Taken over without the lock; the record is live, so no insert races it.
                 Decision::TakeOver(_) => Ok(None),
                 Decision::Acquire => Ok(Some(ReserveOutcome::BeyondHorizon)),
             };
         };
+        let lease_end: i64 = row.try_get(10).map_err(Step::before_commit)?;
         let beyond = row
             .try_get::<_, Option<i16>>(0)
             .map_err(Step::before_commit)?
@@ -288,77 +308,63 @@ impl Inner {
             database_id: self.database_id,
             record_key: request.key.clone(),
             token,
-            lease_expires_at: lease_end,
-            attempt: rec.attempts,
+            lease_expires_at: stored_ms(lease_end)?,
+            attempt: 1,
             takeover: false,
             beyond_horizon: beyond,
         })))
     }
 
-    /// Takes over `prev` (an IN_PROGRESS record whose lease ran out): one guarded update.
+    /// Takes over `prev` (an IN_PROGRESS record whose lease ran out): one guarded update,
+    /// which judges the lease again by the server's clock.
     async fn take_over(
         &self,
         client: &deadpool_postgres::Client,
         request: &Request<'_>,
         prev: &Record,
-        now: u64,
         ttl: u64,
     ) -> Result<Option<ReserveOutcome>, Step> {
         let p = &request.parts;
-        let lease_end = now.saturating_add(request.lease_ms);
-        let mut rec = new_owner(Some(prev), request.fingerprint, prev.token, lease_end, now);
-        rec.expires_at = self.rules.expires_at(&rec, ttl);
+        let expires = self
+            .server_time()
+            .saturating_add(request.lease_ms)
+            .saturating_add(ttl);
         self.partitions
-            .ensure(client, rec.expires_at)
+            .ensure_range(client, expires, expires.saturating_add(PARTITION_SLACK_MS))
             .await
             .map_err(Step::before_commit)?;
         let stmt = client
             .prepare_cached(TAKE_OVER)
             .await
             .map_err(Step::before_commit)?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+        let params: [&(dyn ToSql + Sync); 6] = [
             &p.operation,
             &p.principal,
             &p.key,
             &token_value(prev.token),
-            &ms(lease_end),
-            &ms(now),
-            &ms(rec.expires_at),
+            &span(request.lease_ms),
+            &span(ttl),
         ];
         let row = match client.query_opt(&stmt, &params).await {
             Ok(row) => row,
-            Err(e) if super::errors::is_retryable(&e) => return Err(Step::Retry(database(e))),
-            // It commits by itself: a lost connection leaves it unknown.
-            Err(e) => return Err(Step::Fail(after_commit(e))),
+            Err(e) => return Err(Step::autocommit(e)),
         };
         let Some(row) = row else {
             return Ok(None);
         };
         let token = token_of(&row)?;
+        let lease_end: i64 = row.try_get(1).map_err(database)?;
+        let attempts: i32 = row.try_get(2).map_err(database)?;
         Ok(Some(ReserveOutcome::Acquired(Reservation {
             database_id: self.database_id,
             record_key: request.key.clone(),
             token,
-            lease_expires_at: lease_end,
-            attempt: rec.attempts,
+            lease_expires_at: stored_ms(lease_end)?,
+            attempt: u32::try_from(attempts).unwrap_or(u32::MAX),
             takeover: true,
             beyond_horizon: false,
         })))
     }
-}
-
-/// Inserts `rec` (its token is the sequence's next); the token it got.
-pub(crate) async fn insert(
-    txn: &deadpool_postgres::Transaction<'_>,
-    p: &KeyParts<'_>,
-    rec: &Record,
-) -> Result<FencingToken, Step> {
-    let values = RowValues::of(rec);
-    let row = txn
-        .query_one(&prepared(txn, INSERT).await?, &values.params(p))
-        .await
-        .map_err(Step::before_commit)?;
-    Ok(token_of(&row)?)
 }
 
 pub(crate) fn token_of(row: &tokio_postgres::Row) -> Result<FencingToken, Error> {

@@ -2,7 +2,8 @@
 //! unsigned milliseconds and PostgreSQL's `bigint`.
 
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
+
+use super::sql::{clock, key_is_params};
 
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -10,21 +11,29 @@ use crate::record::{Record, RecordState};
 use crate::scope::RecordKey;
 use crate::token::FencingToken;
 
-/// A key's newest row: the live record if there is one (a new row always expires after every
-/// older row of its key), else the expired one still stored.
-pub(crate) const NEWEST: &str = "SELECT state, fingerprint, token, lease_expires_at, \
-     created_at, updated_at, expires_at, attempts, response FROM idemdb_records \
-     WHERE operation = $1 AND principal = $2 AND key = $3 ORDER BY expires_at DESC LIMIT 1";
+/// A key's newest row (the live record if there is one: a new row always expires after every
+/// older row of its key, else the expired one still stored), and the store's time (column 9),
+/// read by the same statement. Always one row: columns 0–8 are NULL for a key without rows.
+pub(crate) const NEWEST: &str = concat!(
+    "WITH ",
+    clock!(),
+    " SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at, \
+     n.expires_at, n.attempts, n.response, clock.now_ms FROM clock LEFT JOIN LATERAL \
+     (SELECT state, fingerprint, token, lease_expires_at, created_at, updated_at, expires_at, \
+     attempts, response FROM idemdb_records WHERE ",
+    key_is_params!(),
+    " ORDER BY expires_at DESC LIMIT 1) AS n ON true"
+);
 
-/// The key's newest row, read on `client` by itself (the statement prepared once per
-/// connection).
+/// The key's newest row and the store's time, read on `client` by itself (the statement
+/// prepared once per connection).
 pub(crate) async fn newest(
     client: &deadpool_postgres::Client,
     p: &KeyParts<'_>,
-) -> Result<Option<Row>, tokio_postgres::Error> {
+) -> Result<Row, tokio_postgres::Error> {
     let stmt = client.prepare_cached(NEWEST).await?;
     client
-        .query_opt(&stmt, &[&p.operation, &p.principal, &p.key])
+        .query_one(&stmt, &[&p.operation, &p.principal, &p.key])
         .await
 }
 
@@ -52,14 +61,22 @@ pub(crate) fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// A time as stored, in ms.
+pub(crate) fn stored_ms(v: i64) -> Result<u64, Error> {
+    unsigned("time", v)
+}
+
 fn unsigned(what: &str, v: i64) -> Result<u64, Error> {
     u64::try_from(v).map_err(|_| Error::Corrupted(format!("idemdb_records.{what} is negative")))
 }
 
-/// The record in a row selected by [`NEWEST`].
-pub(crate) fn record(row: &Row) -> Result<Record, Error> {
+/// The record in a row selected by [`NEWEST`]; `None` where the key has no row.
+pub(crate) fn record(row: &Row) -> Result<Option<Record>, Error> {
     let corrupt = |what: &str| Error::Corrupted(format!("idemdb_records.{what} is invalid"));
-    let state: i16 = row.try_get(0).map_err(|_| corrupt("state"))?;
+    let state: Option<i16> = row.try_get(0).map_err(|_| corrupt("state"))?;
+    let Some(state) = state else {
+        return Ok(None);
+    };
     let state = u8::try_from(state)
         .ok()
         .and_then(RecordState::from_byte)
@@ -72,7 +89,7 @@ pub(crate) fn record(row: &Row) -> Result<Record, Error> {
         unsigned(what, row.try_get::<_, i64>(i).map_err(|_| corrupt(what))?)
     };
     let attempts: i32 = row.try_get(7).map_err(|_| corrupt("attempts"))?;
-    Ok(Record {
+    Ok(Some(Record {
         state,
         fingerprint: Fingerprint::from_u128(u128::from_be_bytes(fp)),
         token,
@@ -82,51 +99,7 @@ pub(crate) fn record(row: &Row) -> Result<Record, Error> {
         expires_at: get(6, "expires_at")?,
         attempts: u32::try_from(attempts).map_err(|_| corrupt("attempts"))?,
         response: row.try_get(8).map_err(|_| corrupt("response"))?,
-    })
-}
-
-/// A record's columns as statement parameters `$1`–`$11`, in `INSERT`'s order: the key's
-/// three parts, state, fingerprint, lease end, created, updated, expires, attempts, response.
-pub(crate) struct RowValues<'r> {
-    state: i16,
-    fingerprint: Vec<u8>,
-    times: [i64; 4],
-    attempts: i32,
-    response: &'r Vec<u8>,
-}
-
-impl<'r> RowValues<'r> {
-    pub(crate) fn of(rec: &'r Record) -> Self {
-        RowValues {
-            state: state_code(rec.state),
-            fingerprint: fingerprint_bytes(rec.fingerprint).to_vec(),
-            times: [
-                ms(rec.lease_expires_at),
-                ms(rec.created_at),
-                ms(rec.updated_at),
-                ms(rec.expires_at),
-            ],
-            attempts: i32::try_from(rec.attempts).unwrap_or(i32::MAX),
-            response: &rec.response,
-        }
-    }
-
-    pub(crate) fn params<'a>(&'a self, p: &'a KeyParts<'_>) -> Vec<&'a (dyn ToSql + Sync)> {
-        let [lease, created, updated, expires] = &self.times;
-        vec![
-            &p.operation,
-            &p.principal,
-            &p.key,
-            &self.state,
-            &self.fingerprint,
-            lease,
-            created,
-            updated,
-            expires,
-            &self.attempts,
-            self.response,
-        ]
-    }
+    }))
 }
 
 pub(crate) fn fingerprint_bytes(fp: Fingerprint) -> [u8; 16] {
@@ -150,31 +123,30 @@ pub(crate) fn token_value(token: FencingToken) -> i64 {
 }
 
 /// What a key's newest row says: the live record, and whether an expired one is still
-/// stored (the key is recognised beyond its horizon).
+/// stored (the key is recognised beyond its horizon), at the store's time `now_ms`.
 pub(crate) struct Found {
     pub(crate) live: Option<Record>,
     pub(crate) expired: bool,
+    pub(crate) now_ms: u64,
 }
 
 impl Found {
-    pub(crate) fn of(row: Option<&Row>, now_ms: u64) -> Result<Found, Error> {
-        let Some(row) = row else {
-            return Ok(Found {
-                live: None,
-                expired: false,
-            });
+    /// From a row of [`NEWEST`] (or a statement that selects the same columns), the store's
+    /// time in column `now_at`.
+    pub(crate) fn of(row: &Row, now_at: usize) -> Result<Found, Error> {
+        let now: i64 = row
+            .try_get(now_at)
+            .map_err(|_| Error::Corrupted("the server's clock read as NULL".into()))?;
+        let now_ms = unsigned("now", now)?;
+        let (live, expired) = match record(row)? {
+            None => (None, false),
+            Some(rec) if rec.is_expired(now_ms) => (None, true),
+            Some(rec) => (Some(rec), false),
         };
-        let rec = record(row)?;
-        Ok(if rec.is_expired(now_ms) {
-            Found {
-                live: None,
-                expired: true,
-            }
-        } else {
-            Found {
-                live: Some(rec),
-                expired: false,
-            }
+        Ok(Found {
+            live,
+            expired,
+            now_ms,
         })
     }
 }

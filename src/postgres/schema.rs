@@ -4,12 +4,13 @@
 use tokio_postgres::error::SqlState;
 
 use super::errors::{database, is_retryable};
+use super::sql::key_hash;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
 use crate::meta::database_id;
 
 /// The newest schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 /// Lock stripes: a reservation of a key with no live record holds its stripe's row lock
 /// while it looks again and inserts, so that no two callers insert the same key (a
@@ -44,6 +45,21 @@ CREATE INDEX IF NOT EXISTS idemdb_records_key
     ON idemdb_records (operation, principal, key, expires_at DESC);
 ";
 
+/// Version 2: the store's time is the server's (`frozen_now_ms`: NULL but in tests, see
+/// `clock.rs`), and records are found by a fixed-size hash of their key (a btree entry holds
+/// at most ~2.7 KB; keys may be far longer), the full key compared on read.
+const V2: &str = concat!(
+    "
+ALTER TABLE idemdb_meta ADD COLUMN IF NOT EXISTS frozen_now_ms bigint;
+ALTER TABLE idemdb_records ADD COLUMN IF NOT EXISTS key_hash bytea
+    GENERATED ALWAYS AS (",
+    key_hash!("operation", "principal", "key"),
+    ") STORED;
+CREATE INDEX IF NOT EXISTS idemdb_records_hash ON idemdb_records (key_hash, expires_at DESC);
+DROP INDEX IF EXISTS idemdb_records_key;
+"
+);
+
 /// Applies every migration newer than the database's version, in one transaction each;
 /// returns the version now in place. Refuses a database of a newer build.
 pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, Error> {
@@ -52,12 +68,21 @@ pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, 
     let mut attempts = 0;
     loop {
         match migrate_once(client, &secret).await {
-            Ok(v) => return Ok(v),
+            Ok(Migrated::Version(v)) => return Ok(v),
+            Ok(Migrated::Newer(v)) => return Err(newer(v)),
             // Two instances creating the same objects at once: the loser retries and finds
             // them made.
             Err(e) if attempts < 8 && (is_retryable(&e) || is_create_race(&e)) => attempts += 1,
             Err(e) => return Err(database(e)),
         }
+    }
+}
+
+/// The refusal of a schema made by a newer build.
+fn newer(found: i32) -> Error {
+    Error::UnsupportedFormat {
+        found: found.unsigned_abs(),
+        supported: SCHEMA_VERSION.unsigned_abs(),
     }
 }
 
@@ -70,16 +95,24 @@ fn is_create_race(e: &tokio_postgres::Error) -> bool {
     )
 }
 
+/// What one migration attempt found: done, or a schema of a newer build.
+enum Migrated {
+    Version(i32),
+    Newer(i32),
+}
+
 async fn migrate_once(
     client: &mut tokio_postgres::Client,
     secret: &[u8],
-) -> Result<i32, tokio_postgres::Error> {
-    let found = version(client).await?;
-    if found.is_some_and(|v| v >= SCHEMA_VERSION) {
-        return Ok(found.unwrap_or(SCHEMA_VERSION));
+) -> Result<Migrated, tokio_postgres::Error> {
+    match version(client).await? {
+        Some(v) if v > SCHEMA_VERSION => return Ok(Migrated::Newer(v)),
+        Some(v) if v == SCHEMA_VERSION => return Ok(Migrated::Version(v)),
+        _ => {}
     }
     let txn = client.transaction().await?;
     txn.batch_execute(V1).await?;
+    txn.batch_execute(V2).await?;
     txn.execute(
         "INSERT INTO idemdb_stripes SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING",
         &[&STRIPES],
@@ -97,7 +130,7 @@ async fn migrate_once(
     )
     .await?;
     txn.commit().await?;
-    Ok(SCHEMA_VERSION)
+    Ok(Migrated::Version(SCHEMA_VERSION))
 }
 
 /// The schema version in place; `None` on a database without idemdb's tables.
@@ -113,6 +146,18 @@ async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_p
         .query_opt("SELECT schema_version FROM idemdb_meta WHERE id = 1", &[])
         .await?;
     Ok(row.map(|r| r.get(0)))
+}
+
+/// The store's time now (the server's clock, or the frozen time of a test).
+pub(crate) async fn server_now(client: &tokio_postgres::Client) -> Result<u64, Error> {
+    let row = client
+        .query_one(
+            concat!("WITH ", super::sql::clock!(), " SELECT now_ms FROM clock"),
+            &[],
+        )
+        .await
+        .map_err(database)?;
+    super::rows::stored_ms(row.try_get(0).map_err(database)?)
 }
 
 /// What a store reads once at connect: the fingerprint secret, and the database's identity
@@ -133,12 +178,7 @@ impl Meta {
                     "no idemdb schema in this database: run PgStoreBuilder::migrate first".into(),
                 ));
             }
-            Some(v) if v > SCHEMA_VERSION => {
-                return Err(Error::UnsupportedFormat {
-                    found: v.unsigned_abs(),
-                    supported: SCHEMA_VERSION.unsigned_abs(),
-                });
-            }
+            Some(v) if v > SCHEMA_VERSION => return Err(newer(v)),
             Some(v) if v < SCHEMA_VERSION => {
                 return Err(Error::NotIdemdb(format!(
                     "schema version {v} is older than {SCHEMA_VERSION}: run PgStoreBuilder::migrate"

@@ -45,6 +45,10 @@ pub struct PgStats {
     pub pool_idle: usize,
     /// Calls waiting for a connection now.
     pub pool_waiting: usize,
+    /// This instance's clock minus the server's, in ms, at the last statement that read the
+    /// server's (a round trip's error). For the operator only: the store judges every lease
+    /// and expiry by the server's clock, so a skewed instance stays correct.
+    pub clock_skew_ms: i64,
 }
 
 /// What an owner's call does when it succeeds.
@@ -167,6 +171,7 @@ impl Counters {
             pool_max: status.max_size,
             pool_idle: status.available,
             pool_waiting: status.waiting,
+            clock_skew_ms: 0,
         }
     }
 }

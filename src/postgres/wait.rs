@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::scope::RecordKey;
@@ -79,9 +80,13 @@ impl Drop for Waiter<'_> {
 }
 
 /// The listening connection, for as long as the store lives: reconnects after a failure.
-pub(crate) async fn listen(config: tokio_postgres::Config, waits: Weak<Waits>) {
+pub(crate) async fn listen(
+    config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    waits: Weak<Waits>,
+) {
     loop {
-        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+        if let Ok((client, mut connection)) = config.connect(tls.clone()).await {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             let driver = tokio::spawn(async move {
                 while let Some(Ok(message)) =

@@ -92,6 +92,17 @@ impl TestServer {
     /// same directory, symbolic links resolved), else from the highest version under
     /// `/usr/lib/postgresql/*/bin`.
     pub fn start() -> Result<TestServer, String> {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start) with TLS on (`ssl=on`): the server presents the certificate
+    /// chain `cert_pem` with the private key `key_pem` (both PEM), and still accepts plain
+    /// connections.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Result<TestServer, String> {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Result<TestServer, String> {
         let bin = find_bin_dir()?;
         let as_postgres = is_root();
         // The port is free when picked; if something takes it before the postmaster binds it,
@@ -99,7 +110,7 @@ impl TestServer {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once(&bin, as_postgres) {
+            match Self::start_once(&bin, as_postgres, tls) {
                 Ok(server) => return Ok(server),
                 Err(Startup::Exited(_)) if attempt < 3 => {}
                 Err(Startup::Exited(e) | Startup::Failed(e)) => return Err(e),
@@ -108,7 +119,11 @@ impl TestServer {
     }
 
     /// One attempt of [`start`](Self::start).
-    fn start_once(bin: &Path, as_postgres: bool) -> Result<TestServer, Startup> {
+    fn start_once(
+        bin: &Path,
+        as_postgres: bool,
+        tls: Option<(&str, &str)>,
+    ) -> Result<TestServer, Startup> {
         let dir = unique_temp_dir().map_err(Startup::Failed)?;
         // From here on, `server`'s drop stops the server and removes the directory, whatever
         // fails.
@@ -119,6 +134,10 @@ impl TestServer {
                 watchdog: None,
             }),
         };
+        let mut settings = Vec::new();
+        if let Some((cert, key)) = tls {
+            settings = tls_settings(&dir, cert, key).map_err(Startup::Failed)?;
+        }
         if as_postgres {
             run_checked(
                 Command::new("chown")
@@ -142,8 +161,8 @@ impl TestServer {
             "UTF8",
         ]);
         let port = free_port().map_err(Startup::Failed)?;
-        let script =
-            watchdog_script(&initdb, &bin.join("postgres"), &dir, port).map_err(Startup::Failed)?;
+        let script = watchdog_script(&initdb, &bin.join("postgres"), &dir, port, &settings)
+            .map_err(Startup::Failed)?;
         let mut command = command_as(as_postgres, &script);
         // In the temporary directory: the postgres user may not enter the test's own.
         command
@@ -166,6 +185,48 @@ impl TestServer {
         Ok(server)
     }
 
+    /// Restarts a cluster started here as `pg_ctl restart -m immediate` does: SIGQUIT to the
+    /// postmaster (every backend is killed, nothing is flushed: crash recovery from the WAL
+    /// at the next start), then the same server is started again; returns once it accepts
+    /// connections (up to 30 s). Connections open to it are lost.
+    pub fn restart_immediate(&self) -> Result<(), String> {
+        let Some(owned) = self.owned.as_ref() else {
+            return Err("a server named by IDEMDB_TEST_PG is not ours to restart".into());
+        };
+        let old = owned.postmaster_pid().ok_or("the server is not running")?;
+        std::fs::File::create(owned.dir.join("restart"))
+            .map_err(|e| format!("marking the restart: {e}"))?;
+        run_checked(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("kill -QUIT {old}")),
+            "SIGQUIT to the postmaster",
+        )?;
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .ok_or("no port in the server's URL")?;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while Instant::now() < deadline {
+            let restarted = !owned.dir.join("restart").exists()
+                && owned.postmaster_pid().is_some_and(|pid| pid != old)
+                && owned.postmaster_ready();
+            if restarted && TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!(
+            "the server did not come back within {} s; its log:\n{}",
+            STARTUP_TIMEOUT.as_secs(),
+            owned.tail("postgres.log")
+        ))
+    }
+
     /// The connection URL of the server's maintenance database `postgres`, as
     /// `postgres://postgres@127.0.0.1:PORT/postgres` for a cluster started here (or the value
     /// of `IDEMDB_TEST_PG`).
@@ -186,38 +247,7 @@ impl TestServer {
             COUNTER.fetch_add(1, Ordering::Relaxed),
             nanos()
         );
-        let url = self.url.clone();
-        let create = format!("CREATE DATABASE \"{name}\"");
-        std::thread::Builder::new()
-            .name("idemdb-pg-create".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| format!("building a tokio runtime: {e}"))?;
-                runtime.block_on(async move {
-                    let (client, connection) = tokio::time::timeout(
-                        CREATE_TIMEOUT,
-                        tokio_postgres::connect(&url, tokio_postgres::NoTls),
-                    )
-                    .await
-                    .map_err(|_| format!("connecting to {url}: timed out"))?
-                    .map_err(|e| format!("connecting to {url}: {e}"))?;
-                    let connection = tokio::spawn(connection);
-                    let created =
-                        tokio::time::timeout(CREATE_TIMEOUT, client.batch_execute(&create))
-                            .await
-                            .map_err(|_| format!("{create}: timed out"))
-                            .and_then(|r| r.map_err(|e| format!("{create}: {e}")));
-                    drop(client);
-                    // The connection ends once the client is gone.
-                    let _ = connection.await;
-                    created
-                })
-            })
-            .map_err(|e| format!("spawning a thread: {e}"))?
-            .join()
-            .map_err(|_| "the thread creating a database panicked".to_owned())??;
+        execute_on(&self.url, format!("CREATE DATABASE \"{name}\""))?;
         Ok(with_database(&self.url, &name))
     }
 
@@ -280,6 +310,95 @@ impl TestServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// Runs the statement `sql` on the database at `url`, on a thread of its own with its own
+/// tokio runtime (so that it may be called from inside a runtime as well as from plain code).
+/// Blocks until it is done.
+fn execute_on(url: &str, sql: String) -> Result<(), String> {
+    let url = url.to_owned();
+    std::thread::Builder::new()
+        .name("idemdb-pg-statement".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("building a tokio runtime: {e}"))?;
+            runtime.block_on(async move {
+                let (client, connection) = tokio::time::timeout(
+                    CREATE_TIMEOUT,
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls),
+                )
+                .await
+                .map_err(|_| format!("connecting to {url}: timed out"))?
+                .map_err(|e| format!("connecting to {url}: {e}"))?;
+                let connection = tokio::spawn(connection);
+                let done = tokio::time::timeout(CREATE_TIMEOUT, client.batch_execute(&sql))
+                    .await
+                    .map_err(|_| format!("{sql}: timed out"))
+                    .and_then(|r| r.map_err(|e| format!("{sql}: {e}")));
+                drop(client);
+                // The connection ends once the client is gone.
+                let _ = connection.await;
+                done
+            })
+        })
+        .map_err(|e| format!("spawning a thread: {e}"))?
+        .join()
+        .map_err(|_| "the thread running a statement panicked".to_owned())?
+}
+
+/// The store's time on one database, frozen and moved by hand: what
+/// [`ManualClock`](crate::ManualClock) is to the embedded engine. `PgStore` reads every time
+/// from the server (semantics.md §12), and the server's time is
+/// `idemdb_meta.frozen_now_ms` when set: this sets it, for every instance on the database at
+/// once, from their next statement on. Clones share the time. The schema must be migrated.
+#[derive(Debug, Clone)]
+pub struct ServerClock {
+    url: String,
+    now: std::sync::Arc<AtomicU64>,
+}
+
+impl ServerClock {
+    /// Freezes the store's time of the database at `url` at `at_ms`.
+    pub fn freeze(url: &str, at_ms: u64) -> Result<ServerClock, String> {
+        let clock = ServerClock {
+            url: url.to_owned(),
+            now: std::sync::Arc::new(AtomicU64::new(at_ms)),
+        };
+        clock.set(at_ms)?;
+        Ok(clock)
+    }
+
+    /// Sets the time to `ms`, forwards or backwards.
+    pub fn set(&self, ms: u64) -> Result<(), String> {
+        let ms_sql = i64::try_from(ms).map_err(|_| format!("{ms} ms is past bigint"))?;
+        execute_on(
+            &self.url,
+            format!("UPDATE idemdb_meta SET frozen_now_ms = {ms_sql} WHERE id = 1"),
+        )?;
+        self.now.store(ms, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Moves the time forward by `by`.
+    pub fn advance(&self, by: Duration) -> Result<(), String> {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.set(self.now_ms().saturating_add(by))
+    }
+
+    /// The time it was last set to, ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    /// Gives the database back the server's own clock.
+    pub fn thaw(&self) -> Result<(), String> {
+        execute_on(
+            &self.url,
+            "UPDATE idemdb_meta SET frozen_now_ms = NULL WHERE id = 1".to_owned(),
+        )
     }
 }
 
@@ -460,13 +579,21 @@ fn command_as(as_postgres: bool, line: &str) -> Command {
 /// The test process is looked for in `/proc`, by pid and start time (a reused pid, or a thread
 /// of another process with that id, is not it): the watchdog may run as another user, for whom
 /// `kill -0` cannot tell "gone" from "not mine". Without `/proc`, `kill -0` it is.
-fn watchdog_script(initdb: &str, postgres: &Path, dir: &Path, port: u16) -> Result<String, String> {
-    let server = shell_line(&[
+fn watchdog_script(
+    initdb: &str,
+    postgres: &Path,
+    dir: &Path,
+    port: u16,
+    settings: &[String],
+) -> Result<String, String> {
+    let port = port.to_string();
+    let data = dir.join("data");
+    let mut words = vec![
         path_str(postgres)?,
         "-D",
-        path_str(&dir.join("data"))?,
+        path_str(&data)?,
         "-p",
-        &port.to_string(),
+        &port,
         "-c",
         "listen_addresses=127.0.0.1",
         "-k",
@@ -475,7 +602,11 @@ fn watchdog_script(initdb: &str, postgres: &Path, dir: &Path, port: u16) -> Resu
         "max_connections=300",
         "-c",
         "shared_buffers=128MB",
-    ]);
+    ];
+    for setting in settings {
+        words.extend(["-c", setting.as_str()]);
+    }
+    let server = shell_line(&words);
     let mut script = String::new();
     let _ = write!(
         script,
@@ -491,9 +622,14 @@ alive() {{
   fi
 }}
 if {initdb} >\"$D/initdb.log\" 2>&1 </dev/null; then
-  {server} >\"$D/postgres.log\" 2>&1 </dev/null &
-  pg=$!
-  while [ ! -e \"$D/stop\" ] && alive && kill -0 \"$pg\" 2>/dev/null; do sleep 0.5; done
+  while :; do
+    {server} >>\"$D/postgres.log\" 2>&1 </dev/null &
+    pg=$!
+    while [ ! -e \"$D/stop\" ] && alive && kill -0 \"$pg\" 2>/dev/null; do sleep 0.1; done
+    [ -e \"$D/restart\" ] && [ ! -e \"$D/stop\" ] && alive || break
+    wait \"$pg\"
+    rm -f \"$D/restart\"
+  done
   n=0
   while kill -0 \"$pg\" 2>/dev/null; do
     [ $n -lt 600 ] && kill -INT \"$pg\" 2>/dev/null || kill -QUIT \"$pg\" 2>/dev/null
@@ -512,6 +648,23 @@ rm -rf \"$D\"
         dir = shell_quote(path_str(dir)?),
     );
     Ok(script)
+}
+
+/// Writes the server's certificate and key into `dir` (the key readable by its owner only,
+/// as the server demands) and returns the settings that turn TLS on with them.
+fn tls_settings(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let cert = dir.join("server.crt");
+    let key = dir.join("server.key");
+    std::fs::write(&cert, cert_pem).map_err(|e| format!("writing {}: {e}", cert.display()))?;
+    std::fs::write(&key, key_pem).map_err(|e| format!("writing {}: {e}", key.display()))?;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod {}: {e}", key.display()))?;
+    Ok(vec![
+        "ssl=on".to_owned(),
+        format!("ssl_cert_file={}", path_str(&cert)?),
+        format!("ssl_key_file={}", path_str(&key)?),
+    ])
 }
 
 /// This process's start time (field 22 of `/proc/self/stat`, after the command name in

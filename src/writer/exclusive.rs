@@ -4,7 +4,9 @@
 use redb::WriteTransaction;
 
 use super::Writer;
-use crate::error::Error;
+use std::sync::Arc;
+
+use crate::error::{CommitFailed, Error};
 
 impl Writer {
     /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
@@ -24,7 +26,7 @@ impl Writer {
         let fail = |e: Error| {
             engine.poison();
             match e {
-                Error::Storage(s) => Error::OutcomeUnknown(s),
+                Error::Storage(s) => Error::OutcomeUnknown(Arc::new(CommitFailed(s))),
                 other => other,
             }
         };

@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::config::WriterConfig;
 use crate::engine::Engine;
-use crate::error::Error;
+use crate::error::{CommitFailed, Error};
 use crate::observe::write_span;
 use crate::reentry::Committing;
 use crate::scope::RecordKey;
@@ -373,9 +373,10 @@ impl Writer {
     fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
         self.engine.poison();
         let source: Arc<dyn std::error::Error + Send + Sync> = match e {
-            Error::Storage(s) => s,
+            Error::Storage(s) => Arc::new(CommitFailed(s)),
             Error::OutcomeUnknown(s) => s,
-            other => Arc::new(redb::Error::Corrupted(other.to_string())),
+            // The log's I/O error (naming the log), or an engine error: kept whole.
+            other => Arc::new(CommitFailed(Arc::new(other))),
         };
         (0..n)
             .map(|_| Err(Error::OutcomeUnknown(Arc::clone(&source))))

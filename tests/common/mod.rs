@@ -196,5 +196,6 @@ pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
     drop(db);
     disk
 }
+pub mod chaos;
 pub mod stores;
 pub mod worker;

@@ -6,15 +6,57 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemdb::testing::postgres::TestServer;
-use idemdb::{IdemDb, ManualClock, PgStore, Retention};
+use idemdb::testing::postgres::{ServerClock, TestServer};
+use idemdb::{Clock, IdemDb, ManualClock, PgStore, Retention};
 use tempfile::TempDir;
 
 use super::T0;
 
+/// The time a scenario moves by hand: the embedded engine's [`ManualClock`], or the
+/// PostgreSQL store's, which is the server's (frozen through [`ServerClock`]).
+#[derive(Debug, Clone)]
+pub enum TestClock {
+    Local(ManualClock),
+    Server(ServerClock),
+}
+
+impl TestClock {
+    pub fn advance(&self, by: Duration) {
+        match self {
+            TestClock::Local(c) => c.advance(by),
+            TestClock::Server(c) => c.advance(by).unwrap(),
+        }
+    }
+
+    pub fn set(&self, ms: u64) {
+        match self {
+            TestClock::Local(c) => c.set(ms),
+            TestClock::Server(c) => c.set(ms).unwrap(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            TestClock::Local(c) => c.now_ms(),
+            TestClock::Server(c) => c.now_ms(),
+        }
+    }
+}
+
+/// The system clock, off by `.0` ms: an instance whose clock is wrong.
+#[derive(Debug, Clone, Copy)]
+pub struct Skewed(pub i64);
+
+impl Clock for Skewed {
+    fn now_ms(&self) -> u64 {
+        let now = i64::try_from(idemdb::SystemClock.now_ms()).unwrap();
+        u64::try_from(now + self.0).unwrap()
+    }
+}
+
 /// A store under test, its clock, and what keeps it alive.
 pub struct Under<S> {
-    pub clock: ManualClock,
+    pub clock: TestClock,
     pub db: Arc<S>,
     _dir: Option<TempDir>,
 }
@@ -33,31 +75,30 @@ pub fn embedded_with(retention: Retention) -> Under<IdemDb> {
         .open(dir.path().join("test.idemdb"))
         .unwrap();
     Under {
-        clock,
+        clock: TestClock::Local(clock),
         db: Arc::new(db),
         _dir: Some(dir),
     }
 }
 
-/// The PostgreSQL store on a fresh database, on a manual clock at [`T0`]; to be called on a
-/// tokio runtime (its listener runs there).
+/// The PostgreSQL store on a fresh database, its (server's) time frozen at [`T0`]; to be
+/// called on a tokio runtime (its listener runs there).
 pub async fn postgres() -> Under<PgStore> {
     postgres_with(Retention::default(), 16).await
 }
 
 pub async fn postgres_with(retention: Retention, pool_size: usize) -> Under<PgStore> {
     let url = fresh_database_url();
-    let clock = ManualClock::new(T0);
     let builder = PgStore::builder(&url)
         .unwrap()
-        .clock(clock.clone())
         .pool_size(pool_size)
         .wait_poll_interval(Duration::from_secs(1))
         .retention(retention.compact_interval(None));
     builder.migrate().await.unwrap();
+    let clock = ServerClock::freeze(&url, T0).unwrap();
     let db = builder.connect().await.unwrap();
     Under {
-        clock,
+        clock: TestClock::Server(clock),
         db: Arc::new(db),
         _dir: None,
     }
@@ -68,6 +109,16 @@ pub fn fresh_database_url() -> String {
     let server =
         TestServer::shared().unwrap_or_else(|e| panic!("no PostgreSQL for the tests: {e}"));
     server.fresh_database().unwrap()
+}
+
+/// A connection of the test's own to `url` (an operator's or another program's), its
+/// driver on the current runtime.
+pub async fn admin(url: &str) -> idemdb::tokio_postgres::Client {
+    let (client, connection) = idemdb::tokio_postgres::connect(url, idemdb::tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
 }
 
 /// A multi-threaded runtime for one test.
