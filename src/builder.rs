@@ -116,6 +116,15 @@ impl Builder {
         self
     }
 
+    /// Test support (feature `fault-injection`): the write-ahead log's size when it is
+    /// created, and the unit it grows by (default 1 MiB; at least 1,536 bytes). A small log
+    /// makes a test's disk images small and its runs grow the log often.
+    #[cfg(feature = "fault-injection")]
+    pub fn log_step(mut self, bytes: u64) -> Self {
+        self.writer.log_step = bytes.max(1536);
+        self
+    }
+
     /// Registers a caller table that closures write through [`Tx::open_table`](crate::Tx):
     /// its writes are logged (key and value bytes), so a batch running caller code is durable
     /// with one log append instead of a durable redb commit. Opening a database whose log

@@ -105,6 +105,8 @@ pub(crate) struct WriterConfig {
     pub(crate) checkpoint_interval: std::time::Duration,
     /// Tokens each raise of the durable token ceiling reserves (design.md §7).
     pub(crate) token_block: u64,
+    /// The log's size at creation and the unit it grows by (design.md §5.6).
+    pub(crate) log_step: u64,
 }
 
 impl Default for WriterConfig {
@@ -116,6 +118,7 @@ impl Default for WriterConfig {
             checkpoint_bytes: 16 << 20,
             checkpoint_interval: std::time::Duration::from_secs(1),
             token_block: crate::meta::TOKEN_BLOCK,
+            log_step: crate::wal::GROW_STEP,
         }
     }
 }

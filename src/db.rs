@@ -130,6 +130,7 @@ impl IdemDb {
             now_ms: clock.now_ms(),
             format_version: meta::FORMAT_VERSION,
             token_block: config.token_block,
+            log_step: config.log_step,
         };
         let (log, recovered) = crate::wal::open_log(&db, log, &opening)?;
         let log_gauges = log.gauges();

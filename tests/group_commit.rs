@@ -404,13 +404,25 @@ fn a_full_queue_makes_callers_wait_and_loses_nothing() {
     }
 }
 
+/// `ROWS` registered: a batch writing it is made durable by a log append, whose `fdatasync`
+/// (held by the tests below) runs outside redb, so readers can begin while it is held. (While
+/// a durable redb commit's sync is held, redb itself holds `begin_read` back.)
+fn open_logged(backend: &FaultBackend) -> Arc<IdemDb> {
+    Arc::new(
+        IdemDb::builder()
+            .table(ROWS)
+            .open_with_backend(backend.clone(), backend.log())
+            .unwrap(),
+    )
+}
+
 /// With the shared read snapshot failing to refresh, readers open read transactions of their
 /// own, which show a batch's commit before its durability point: the durability tracker alone
 /// keeps a duplicate, a `get` and a caller's read transaction from answering it.
 #[test]
 fn on_the_fallback_read_path_nobody_answers_from_a_commit_not_yet_durable() {
     let backend = FaultBackend::new();
-    let db = open(&backend);
+    let db = open_logged(&backend);
     idemdb::testing::fail_snapshot_refresh(&db);
     let r = match db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap() {
         ReserveOutcome::Acquired(r) => r,
@@ -462,4 +474,38 @@ fn on_the_fallback_read_path_nobody_answers_from_a_commit_not_yet_durable() {
         db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap(),
         ReserveOutcome::Completed(b"done".to_vec())
     );
+}
+
+/// A caller's read transaction begun while a batch's log frame waits in its `fdatasync` is
+/// returned only once the frame is durable: it shows the batch's rows, which a power loss
+/// before that point takes back.
+#[test]
+fn a_read_transaction_waits_for_the_log_frame_that_covers_what_it_shows() {
+    let backend = FaultBackend::new();
+    let db = open_logged(&backend);
+    backend.hold_syncs(true);
+    let executing = {
+        let db = Arc::clone(&db);
+        thread::spawn(move || {
+            db.execute(&scope(), &Key::new("k1"), b"p", |tx| {
+                tx.open_table(ROWS)?.insert("k1", 1)?;
+                Ok::<_, Error>(Outcome::Completed(b"done".to_vec()))
+            })
+        })
+    };
+    assert!(backend.wait_for_held(1, WAIT));
+    assert_eq!(backend.log().pending(), 1, "the held sync is the log's");
+    let reader = read_row_in_thread(&db);
+    settle();
+    assert!(
+        !reader.is_finished(),
+        "a read transaction showed a commit not yet durable"
+    );
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        executing.join().unwrap(),
+        Ok(ExecuteOutcome::Executed(_))
+    ));
+    assert_eq!(reader.join().unwrap().unwrap(), Some(1));
 }

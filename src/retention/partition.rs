@@ -37,7 +37,9 @@ impl PartitionName {
         format!("{PREFIX}{:020}_{}_{}", self.start, self.width, self.ttl)
     }
 
-    /// The name of a partition table; `None` for any other table.
+    /// The name of a partition table; `None` for any other table, and for a name that is not
+    /// exactly as `table_name` writes it (`+5`, leading zeros in width or TTL, a short start):
+    /// one partition has one table name.
     pub(crate) fn parse(table: &str) -> Option<PartitionName> {
         let mut parts = table.strip_prefix(PREFIX)?.split('_');
         let start = parts.next()?.parse().ok()?;
@@ -46,7 +48,8 @@ impl PartitionName {
         if parts.next().is_some() || width == 0 || ttl == 0 {
             return None;
         }
-        Some(PartitionName { start, width, ttl })
+        let name = PartitionName { start, width, ttl };
+        (name.table_name() == table).then_some(name)
     }
 
     /// Whether `table` carries the partition prefix (well formed or not).
@@ -250,6 +253,11 @@ mod tests {
             "idemdb_p_x_1_1",
             "idemdb_p_1_1_1_1",
             "t",
+            // Not as table_name writes them: one partition has one name.
+            "idemdb_p_1_1_1",
+            "idemdb_p_+0000000000000000001_1_1",
+            "idemdb_p_00000000000000000001_01_1",
+            "idemdb_p_00000000000000000001_1_+1",
         ] {
             assert_eq!(PartitionName::parse(bad), None, "{bad}");
         }

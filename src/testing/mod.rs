@@ -3,16 +3,18 @@
 //! acknowledged, shared by the crash tests and the fuzz targets.
 
 mod backend;
+mod decoders;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod steps;
 mod workload;
 
 pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
+pub use decoders::{DECODERS, decode_any, decode_seeds};
 pub use steps::{Step, run_steps};
 pub use workload::{
-    CrashCheck, KeyLog, Script, check_recovered, check_recovered_or_refused,
-    check_tokens_after_loss, open_workload, run_script, run_workload,
+    Checkpoints, CrashCheck, KeyLog, Script, check_recovered, check_recovered_or_refused,
+    check_tokens_after_loss, open_workload, open_workload_as, run_script, run_workload,
 };
 
 /// Operations queued for the writer and not yet taken into a batch: lets a test line up a

@@ -22,7 +22,9 @@ use redb::StorageBackend;
 use crate::error::Error;
 pub(crate) use frame::Effect;
 pub(crate) use frame::fits;
-use frame::{CYCLE_AT, FRAMES_START, encode_cycle, encode_frame, encode_header};
+#[cfg(feature = "fault-injection")]
+pub(crate) use frame::fuzz;
+use frame::{ALIGN, CYCLE_AT, FRAMES_START, encode_cycle, encode_frame, encode_header};
 #[cfg(feature = "fault-injection")]
 pub(crate) use recover::read_log_record;
 pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
@@ -30,9 +32,9 @@ pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
 pub(crate) use scan::layout;
 pub(crate) use state::LogState;
 
-/// The log file preallocated at creation, and the step it grows by: zero-filled, so that an
-/// append's `fdatasync` has no block allocation or file size to write.
-const GROW_STEP: u64 = 1 << 20;
+/// The log file preallocated at creation, and the step it grows by (by default): zero-filled,
+/// so that an append's `fdatasync` has no block allocation or file size to write.
+pub(crate) const GROW_STEP: u64 = 1 << 20;
 
 /// The log file as an open finds it.
 pub(crate) enum LogFile {
@@ -67,6 +69,8 @@ pub(crate) struct Log {
     /// The checkpoint its cycle sector durably holds (`None`: not known to hold one): the
     /// frames written follow it.
     cycle: Option<u64>,
+    /// Its size at creation, and the unit it grows by.
+    step: u64,
     /// Where the next frame goes.
     end: u64,
     /// The file's zero-filled length.
@@ -115,6 +119,7 @@ impl Log {
         database_id: u64,
         (state, cycle): (LogState, Option<u64>),
         last_seq: u64,
+        step: u64,
     ) -> Result<Log, Error> {
         let mut log = Log {
             file,
@@ -123,6 +128,7 @@ impl Log {
             id: state.id,
             since: state.since,
             cycle,
+            step,
             end: FRAMES_START,
             len: state.len,
             last_seq,
@@ -203,7 +209,7 @@ impl Log {
 
     /// Extends the zero-filled file to hold `need` bytes, at least doubling it, durably.
     fn grow(&mut self, need: u64) -> Result<(), Error> {
-        let target = need.max(self.len.saturating_mul(2)).div_ceil(GROW_STEP) * GROW_STEP;
+        let target = need.max(self.len.saturating_mul(2)).div_ceil(self.step) * self.step;
         zero_fill(&*self.file, self.len, target).map_err(|e| self.error("grow", e))?;
         self.file.sync_data().map_err(|e| self.error("sync", e))?;
         self.len = target;
@@ -252,14 +258,15 @@ pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
 /// records it (and so before any frame).
 fn create(
     file: &dyn StorageBackend,
-    database_id: u64,
-    log_id: u64,
+    (database_id, log_id): (u64, u64),
     checkpoint: u64,
+    size: u64,
 ) -> io::Result<u64> {
+    let size = size.max(FRAMES_START + ALIGN);
     file.set_len(0)?;
     file.write(0, &encode_header(database_id, log_id))?;
     file.write(CYCLE_AT, &encode_cycle(database_id, log_id, checkpoint))?;
-    zero_fill(file, FRAMES_START, GROW_STEP)?;
+    zero_fill(file, FRAMES_START, size)?;
     file.sync_data()?;
-    Ok(GROW_STEP)
+    Ok(size)
 }

@@ -62,6 +62,8 @@ pub(crate) struct Opening<'a> {
     pub(crate) format_version: u32,
     /// Tokens the ceiling is raised by, above where they resume.
     pub(crate) token_block: u64,
+    /// A new log's size, and the unit logs grow by.
+    pub(crate) log_step: u64,
 }
 
 /// Opens the log of the open database `db`, replays what redb lacks, and records the log as
@@ -177,7 +179,7 @@ pub(crate) fn open_log(
             None => create_file(path.as_deref())?,
         };
         let id = random_id()?;
-        let len = create(&*file, how.database_id, id, checkpoint)
+        let len = create(&*file, (how.database_id, id), checkpoint, how.log_step)
             .map_err(|e| log_io(path.as_deref(), "create", e))?;
         let record = LogState {
             id,
@@ -196,7 +198,14 @@ pub(crate) fn open_log(
         ceiling(meta)
     })?;
     // The cycle sector says `checkpoint` before any frame follows it.
-    let log = Log::opened(file, path, how.database_id, record, checkpoint)?;
+    let log = Log::opened(
+        file,
+        path,
+        how.database_id,
+        record,
+        checkpoint,
+        how.log_step,
+    )?;
     Ok((log, recovered))
 }
 

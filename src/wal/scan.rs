@@ -199,21 +199,23 @@ fn examine_in_use(seen: &Seen, state: LogState, c: u64) -> Option<LogProblem> {
     if !seen.present {
         return Some(LogProblem::Missing { checkpoint: c });
     }
+    // Another log's header says more than its length; a header cut away says less than it.
+    if let Header::Of { log_id, .. } = seen.header
+        && log_id != Some(state.id)
+    {
+        return Some(LogProblem::Replaced {
+            found: log_id,
+            expected: state.id,
+        });
+    }
     if seen.len < state.len {
         return Some(LogProblem::Cut {
             len: seen.len,
             expected: state.len,
         });
     }
-    match seen.header {
-        Header::Invalid => return Some(LogProblem::HeaderDamaged),
-        Header::Of { log_id, .. } if log_id != Some(state.id) => {
-            return Some(LogProblem::Replaced {
-                found: log_id,
-                expected: state.id,
-            });
-        }
-        Header::Of { .. } => {}
+    if seen.header == Header::Invalid {
+        return Some(LogProblem::HeaderDamaged);
     }
     // The run reaches the checkpoint: the state a crash leaves between a checkpoint's commit
     // and the rewrite of the cycle sector (no frame of the new cycle was written yet).

@@ -1,0 +1,155 @@
+//! Every decoder of stored bytes behind one entry point, for the `decode` fuzz target: each
+//! answers a value or an error for any input, never panics, and what it decodes encodes back
+//! to what it read (canonical forms only). And valid samples of each, its seed corpus.
+
+use crate::record::Record;
+use crate::retention::horizon::{decode_tags, encode_tags, row_key, row_source, row_until};
+use crate::retention::partition::PartitionName;
+use crate::wal::{LogState, fuzz as wal};
+
+/// Which decoder an input is for: its first byte, modulo this.
+pub const DECODERS: u8 = 6;
+
+/// Runs the decoder the first byte of `data` selects (modulo [`DECODERS`]) on the rest, and
+/// checks that what it accepts round-trips. Panics on a violation (the fuzzer's finding).
+pub fn decode_any(data: &[u8]) {
+    let Some((which, bytes)) = data.split_first() else {
+        return;
+    };
+    match which % DECODERS {
+        0 => {
+            if let Ok(record) = Record::decode(bytes) {
+                // A record that decodes describes itself consistently, and its current
+                // encoding decodes to it again (a version-1 record is re-encoded as version 2).
+                assert!(record.attempts > 0 && record.token.get() > 0);
+                let again = Record::decode(&record.encode()).expect("a re-encoded record");
+                assert_eq!(again, record);
+            }
+        }
+        1 => wal::frame_round_trips(bytes),
+        2 => {
+            if let Ok(name) = std::str::from_utf8(bytes)
+                && let Some(partition) = PartitionName::parse(name)
+            {
+                assert_eq!(
+                    partition.table_name(),
+                    name,
+                    "a partition name is canonical"
+                );
+            }
+        }
+        3 => {
+            // A horizon row: its key's length, its key, then its value.
+            let Some((&len, row)) = bytes.split_first() else {
+                return;
+            };
+            let (key, value) = row.split_at(usize::from(len).min(row.len()));
+            if let (Ok(until), Ok(source)) = (row_until(key), row_source(key)) {
+                assert_eq!(row_key(until, source), key);
+            }
+            if let Ok(tags) = decode_tags(value) {
+                let tags: Vec<u32> = tags.collect();
+                assert_eq!(encode_tags(&tags), value);
+            }
+        }
+        4 => wal::header_and_cycle_round_trip(bytes),
+        _ => {
+            if let Ok(state) = LogState::decode(bytes) {
+                assert_eq!(&state.encode()[..], bytes);
+            }
+        }
+    }
+}
+
+/// Valid inputs for every decoder (each with its selector byte first), named: the `decode`
+/// target's seed corpus (`fuzz/seeds.rs` writes them).
+pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    let mut add = |name: String, which: u8, bytes: Vec<u8>| {
+        let mut input = vec![which];
+        input.extend(bytes);
+        seeds.push((name, input));
+    };
+    for (i, record) in sample_records().into_iter().enumerate() {
+        add(format!("record-{i}"), 0, record.encode());
+    }
+    for (i, frame) in wal::sample_frames().into_iter().enumerate() {
+        add(format!("frame-{i}"), 1, frame);
+    }
+    for (start, width, ttl) in [(0, 1, 1), (3_600_000, 3_600_000, 60_000), (u64::MAX, 7, 9)] {
+        let name = PartitionName { start, width, ttl }.table_name();
+        add(format!("partition-{start}"), 2, name.into_bytes());
+    }
+    for (i, (until, source, tags)) in [
+        (
+            5_000u64,
+            PartitionName {
+                start: 0,
+                width: 1_000,
+                ttl: 1_000,
+            }
+            .table_name(),
+            vec![1u32, 7, 0xdead_beef],
+        ),
+        (9_999, "idemdb_inflight@1234".to_string(), vec![42]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = row_key(until, &source);
+        let mut row = vec![key.len() as u8];
+        row.extend(key);
+        row.extend(encode_tags(&tags));
+        add(format!("horizon-{i}"), 3, row);
+    }
+    for (i, sectors) in wal::sample_headers().into_iter().enumerate() {
+        add(format!("log-header-{i}"), 4, sectors);
+    }
+    for (i, in_use) in [false, true].into_iter().enumerate() {
+        let state = LogState {
+            id: 0x1234_5678_9abc_def0,
+            len: 1 << 20,
+            since: 77,
+            in_use,
+        };
+        add(format!("log-state-{i}"), 5, state.encode().to_vec());
+    }
+    seeds
+}
+
+/// A record in every state, with and without a response.
+fn sample_records() -> Vec<Record> {
+    use crate::fingerprint::Fingerprint;
+    use crate::record::RecordState;
+    use crate::token::FencingToken;
+    let base = Record {
+        state: RecordState::InProgress,
+        fingerprint: Fingerprint::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
+        token: const {
+            match FencingToken::new(42) {
+                Some(token) => token,
+                None => panic!("42 is not 0"),
+            }
+        },
+        lease_expires_at: 1_700_000_030_000,
+        created_at: 1_700_000_000_000,
+        updated_at: 1_700_000_000_000,
+        attempts: 1,
+        expires_at: 1_700_086_430_000,
+        response: Vec::new(),
+    };
+    vec![
+        base.clone(),
+        Record {
+            state: RecordState::Completed,
+            response: b"201 Created\r\n\r\n{\"order\":\"o-1\"}".to_vec(),
+            attempts: 2,
+            ..base.clone()
+        },
+        Record {
+            state: RecordState::Failed,
+            response: b"402 declined".to_vec(),
+            ..base
+        },
+    ]
+}
