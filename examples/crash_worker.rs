@@ -6,7 +6,10 @@
 //! `cargo run --release --example crash_worker -- /tmp/db.idemdb run-1`
 //!
 //! `IDEMDB_WORKER_CHECKPOINT_MS` sets the database's checkpoint interval (default 1 s), so a
-//! test can have checkpoints taken while it runs.
+//! test can have checkpoints taken while it runs. `IDEMDB_WORKER_OPS` stops each thread after
+//! that many operations (it then waits to be killed), so that a test whose rows need the
+//! checkpoint to stay put never fills the log (growing it takes a checkpoint) however fast
+//! the machine is.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -36,9 +39,9 @@ fn say(line: String) {
     let _ = out.flush();
 }
 
-fn worker(db: &IdemDb, run: &str, thread: usize) -> Result<(), Error> {
+fn worker(db: &IdemDb, run: &str, thread: usize, ops: u64) -> Result<(), Error> {
     let scope = Scope::new("kill", "worker");
-    for i in 0.. {
+    for i in 0..ops {
         let key = format!("{run}-t{thread}-{i}");
         let k = Key::new(&key);
         match i % 4 {
@@ -98,16 +101,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(ms) = std::env::var("IDEMDB_WORKER_CHECKPOINT_MS") {
         builder = builder.checkpoint_interval(Duration::from_millis(ms.parse()?));
     }
+    let ops = match std::env::var("IDEMDB_WORKER_OPS") {
+        Ok(n) => n.parse()?,
+        Err(_) => u64::MAX,
+    };
     let db = Arc::new(builder.open(path)?);
     say("READY".into());
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let (db, run) = (Arc::clone(&db), run.clone());
-            std::thread::spawn(move || worker(&db, &run, t))
+            std::thread::spawn(move || worker(&db, &run, t, ops))
         })
         .collect();
     for t in threads {
         t.join().map_err(|_| "a worker thread panicked")??;
     }
-    Ok(())
+    // Done early (IDEMDB_WORKER_OPS): the database stays open until the kill.
+    loop {
+        std::thread::park();
+    }
 }

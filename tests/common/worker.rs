@@ -52,6 +52,9 @@ pub struct Worker {
     bin: PathBuf,
     /// `checkpoint_interval` of the worker's database, in ms (its default: 1 s).
     pub checkpoint_ms: Option<u64>,
+    /// Operations per worker thread before it stops and waits for the kill (default: no
+    /// limit).
+    pub ops_per_thread: Option<u64>,
 }
 
 impl Worker {
@@ -59,6 +62,7 @@ impl Worker {
         Worker {
             bin: super::example_binary("crash_worker"),
             checkpoint_ms: None,
+            ops_per_thread: None,
         }
     }
 
@@ -73,6 +77,9 @@ impl Worker {
             .stderr(Stdio::inherit());
         if let Some(ms) = self.checkpoint_ms {
             command.env("IDEMDB_WORKER_CHECKPOINT_MS", ms.to_string());
+        }
+        if let Some(n) = self.ops_per_thread {
+            command.env("IDEMDB_WORKER_OPS", n.to_string());
         }
         let mut child = command.spawn().unwrap();
         let mut stdout = child.stdout.take().unwrap();
