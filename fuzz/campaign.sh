@@ -26,7 +26,8 @@ for target in crash_recovery decode; do
     log="$campaign/$target.log"
     echo "== $target: ${seconds} s, sanitizer $sanitizer, log $log"
     cargo fuzz run --sanitizer "$sanitizer" --release "$target" "$corpus" "corpus/$target" -- \
-        -max_total_time="$seconds" -max_len="${max_len[$target]}" -rss_limit_mb=4096 \
+        -max_total_time="$seconds" -max_len="${max_len[$target]}" -len_control=0 -timeout=10 \
+        -rss_limit_mb=4096 \
         -print_final_stats=1 >"$log" 2>&1 || echo "   $target stopped with a finding (see below)"
     execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
     rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)

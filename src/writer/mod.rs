@@ -111,6 +111,12 @@ impl Writer {
         if let Err(e) = crate::reentry::refuse_reentry() {
             return ops.iter().map(|_| Err(e.clone())).collect();
         }
+        if ops.is_empty() {
+            // Nothing to queue, so nobody to lead: taking leadership here would leave
+            // `leader_active` set over an empty queue and every later write waiting for a
+            // leader that never comes.
+            return Vec::new();
+        }
         let slots: Vec<Arc<Slot>> = ops.iter().map(|_| Slot::new(false)).collect();
         let lead = {
             let mut queue = self.queue.lock();
