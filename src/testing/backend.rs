@@ -401,6 +401,22 @@ fn resize(image: &mut Vec<u8>, len: u64) {
     image.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
 }
 
+/// The length of `image` without its trailing zeros: compared a sector at a time (a byte at a
+/// time, under a fuzzer's comparison tracing, cost a fifth of an execution).
+fn used_len(image: &[u8]) -> usize {
+    const ZEROS: [u8; 512] = [0; 512];
+    let mut end = image.len();
+    while end > 0 {
+        let start = end.saturating_sub(512);
+        let chunk = &image[start..end];
+        if chunk != &ZEROS[..chunk.len()] {
+            return start + chunk.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        }
+        end = start;
+    }
+    0
+}
+
 fn write_at(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let start = usize::try_from(offset).unwrap_or(usize::MAX);
     let end = start.saturating_add(data.len());
@@ -495,8 +511,7 @@ impl StorageBackend for FaultBackend {
         }
         if self.file == 1 && s.log_history.is_some() {
             let durable = &s.files[1].durable;
-            let used = durable.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            let image = (durable.len(), durable[..used].to_vec());
+            let image = (durable.len(), durable[..used_len(durable)].to_vec());
             if let Some(history) = s.log_history.as_mut() {
                 history.push(image);
             }
