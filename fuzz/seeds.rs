@@ -51,7 +51,8 @@ fn workload(rng: &mut Rng, keys: usize) -> Vec<u8> {
                 out.push(rng.below(160) as u8);
                 n += 1;
             }
-            55..=74 | 75..=94 => {
+            // A batch or an inbox poll, alternately.
+            55..=94 => {
                 let first = if out.len() % 2 == 0 { 160 } else { 200 };
                 let k = rng.below(15) as u8;
                 out.extend([first + rng.below(40) as u8, k, rng.below(256) as u8]);

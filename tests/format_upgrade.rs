@@ -212,7 +212,11 @@ fn version_4_files_replay_their_log_and_are_upgraded() {
     let path = dir.path().join("v4.idemdb");
     let log_path = dir.path().join("v4.idemdb-wal");
     let mut acks = Acks::default();
-    Worker::new().run_and_kill(&path, "v4", 150, &mut acks);
+    let mut worker = Worker::new();
+    // No checkpoint while it runs (by age, or by the log filling up): frames stay to replay.
+    worker.checkpoint_ms = Some(3_600_000);
+    worker.ops_per_thread = Some(40);
+    worker.run_and_kill(&path, "v4", 150, &mut acks);
     // The file as version 4 left it: no record of its log.
     {
         let raw = idemdb::redb::Database::open(&path).unwrap();

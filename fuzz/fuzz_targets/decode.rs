@@ -17,10 +17,12 @@ use idemdb::testing::{DECODERS, FaultBackend, decode_any};
 use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
 use libfuzzer_sys::fuzz_target;
 
+/// The database after a clean close, and the database and log as a crash left them.
+type Images = (Vec<u8>, (Vec<u8>, Vec<u8>));
+
 /// A small valid database: records in every state.
-/// Returns (database after a clean close, database + log as a crash left them).
-fn valid_images() -> &'static (Vec<u8>, (Vec<u8>, Vec<u8>)) {
-    static IMAGES: OnceLock<(Vec<u8>, (Vec<u8>, Vec<u8>))> = OnceLock::new();
+fn valid_images() -> &'static Images {
+    static IMAGES: OnceLock<Images> = OnceLock::new();
     IMAGES.get_or_init(|| {
         let backend = FaultBackend::new();
         let db = IdemDb::builder()
