@@ -581,11 +581,7 @@ pub fn check_recovered_or_refused(
     clock: ManualClock,
     logs: &[KeyLog],
 ) -> Result<Option<CrashCheck>, String> {
-    match open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge) {
-        Ok(db) => check_reopened(db, logs, true).map(Some),
-        Err(Error::LogRefused { .. }) => Ok(None),
-        Err(e) => Err(format!("reopen failed: {e}")),
-    }
+    reopen_unless_refused(disk, clock, logs, true)
 }
 
 /// For a disk whose log lost frames in a way no open can tell from a crash (rolled back to an
@@ -598,8 +594,19 @@ pub fn check_tokens_after_loss(
     clock: ManualClock,
     logs: &[KeyLog],
 ) -> Result<Option<CrashCheck>, String> {
+    reopen_unless_refused(disk, clock, logs, false)
+}
+
+/// Opens `disk` without verifying its pages again and checks it (`intact` as in
+/// [`check_reopened`]); a refusal with [`Error::LogRefused`] is `Ok(None)`.
+fn reopen_unless_refused(
+    disk: super::FaultBackend,
+    clock: ManualClock,
+    logs: &[KeyLog],
+    intact: bool,
+) -> Result<Option<CrashCheck>, String> {
     match open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge) {
-        Ok(db) => check_reopened(db, logs, false).map(Some),
+        Ok(db) => check_reopened(db, logs, intact).map(Some),
         Err(Error::LogRefused { .. }) => Ok(None),
         Err(e) => Err(format!("reopen failed: {e}")),
     }

@@ -76,11 +76,17 @@ pub(crate) fn encode_header(database_id: u64, log_id: u64) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN as usize];
     out[0..8].copy_from_slice(SEGMENT_MAGIC);
     out[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    seal(&mut out, database_id, log_id);
+    out
+}
+
+/// Bytes 16..40 of the header and of the cycle sector: whose log it is, and xxh3 of bytes
+/// 0..32.
+fn seal(out: &mut [u8], database_id: u64, log_id: u64) {
     out[16..24].copy_from_slice(&database_id.to_le_bytes());
     out[24..32].copy_from_slice(&log_id.to_le_bytes());
     let sum = xxh3_64(&out[0..32]);
     out[32..40].copy_from_slice(&sum.to_le_bytes());
-    out
 }
 
 /// What sector 0 of a log file says.
@@ -122,10 +128,7 @@ pub(crate) fn encode_cycle(database_id: u64, log_id: u64, checkpoint: u64) -> Ve
     let mut out = vec![0u8; ALIGN as usize];
     out[0..4].copy_from_slice(&CYCLE_MAGIC.to_le_bytes());
     out[8..16].copy_from_slice(&checkpoint.to_le_bytes());
-    out[16..24].copy_from_slice(&database_id.to_le_bytes());
-    out[24..32].copy_from_slice(&log_id.to_le_bytes());
-    let sum = xxh3_64(&out[0..32]);
-    out[32..40].copy_from_slice(&sum.to_le_bytes());
+    seal(&mut out, database_id, log_id);
     out
 }
 
