@@ -1,5 +1,8 @@
 //! A connection lost where the commit may have happened answers `OutcomeUnknown`; lost
-//! before the commit was sent, it is a plain error and nothing is committed. The loss is
+//! before the commit was sent, it is a plain error and nothing is committed. A reservation
+//! is one statement that commits by itself (design.md §14), so for it every loss after the
+//! statement left the client is `OutcomeUnknown`; `execute`'s transaction has a before and
+//! an after. The loss is
 //! real: a TCP proxy between the store and the server cuts the connection at the chosen
 //! message, and the test then reads what the server actually committed.
 
@@ -11,7 +14,10 @@ use std::time::Duration;
 
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, acquired};
-use idemdb::{Error, Key, PgStore, RecordState, Scope, Store};
+use idemdb::{
+    Error, ExecuteError, ExecuteOutcome, Key, Outcome, PgStore, PgTx, RecordState, Retention,
+    Scope, Store,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -26,9 +32,11 @@ enum Cut {
     BeforeCommit = 2,
     /// Forward the next Bind (an autocommit statement), then cut the client off.
     AfterBind = 3,
-    /// Cut both sides instead of forwarding the reservation's `INSERT` (inside its
-    /// transaction, before the commit is sent).
+    /// Cut both sides instead of forwarding `execute`'s `INSERT` (inside its transaction,
+    /// before the commit is sent).
     BeforeInsert = 4,
+    /// Cut both sides instead of forwarding the next Bind.
+    BeforeBind = 5,
 }
 
 struct Proxy {
@@ -44,7 +52,7 @@ const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
 /// A Sync message, and the ReadyForQuery that answers each (status byte follows).
 const SYNC: &[u8] = b"S\0\0\0\x04";
 const READY: &[u8] = b"Z\0\0\0\x05";
-/// The reservation's insert, as its Parse message carries it.
+/// `execute`'s insert, as its Parse message carries it.
 const INSERT: &[u8] = b"INSERT INTO idemdb_records";
 
 impl Proxy {
@@ -139,7 +147,7 @@ async fn pipe(client: TcpStream, server: TcpStream, (cut, tripped, settled): Tra
         let has_insert = chunk.windows(INSERT.len()).any(|w| w == INSERT);
         let trap = ((mode == Cut::AfterCommit as u8 || mode == Cut::BeforeCommit as u8)
             && has_commit)
-            || (mode == Cut::AfterBind as u8 && starts_bind)
+            || ((mode == Cut::AfterBind as u8 || mode == Cut::BeforeBind as u8) && starts_bind)
             || (mode == Cut::BeforeInsert as u8 && has_insert);
         let forward = mode == Cut::AfterCommit as u8 || mode == Cut::AfterBind as u8;
         if trap
@@ -224,9 +232,12 @@ async fn stores() -> (Proxy, PgStore, PgStore) {
     let direct = PgStore::builder(&url).unwrap();
     direct.migrate().await.unwrap();
     let direct = direct.connect().await.unwrap();
+    // No compactor: its statements would share the one connection and meet a trap armed
+    // for the caller's.
     let through = PgStore::builder(&proxied)
         .unwrap()
         .pool_size(1)
+        .retention(Retention::default().compact_interval(None))
         .connect()
         .await
         .unwrap();
@@ -237,16 +248,31 @@ fn scope() -> Scope {
     Scope::new("POST /purchases", "u1")
 }
 
+/// `execute` of `key` with a body that writes nothing of its own: the dedupe record's
+/// transaction (BEGIN, the stripe, the read, the INSERT, COMMIT).
+async fn execute(
+    store: &PgStore,
+    key: &Key,
+) -> Result<ExecuteOutcome, ExecuteError<idemdb::tokio_postgres::Error>> {
+    store
+        .execute(&scope(), key, b"req", |_tx: &mut PgTx<'_>| {
+            Box::pin(async move {
+                Ok::<_, idemdb::tokio_postgres::Error>(Outcome::Completed(b"done".to_vec()))
+            })
+        })
+        .await
+}
+
 #[test]
 fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
     runtime().block_on(async {
         let (proxy, through, direct) = stores().await;
         proxy.arm(Cut::AfterCommit);
         let key = Key::new("k1");
-        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        let result = execute(&through, &key).await;
         proxy.settled().await;
         match result {
-            Err(e @ Error::OutcomeUnknown(_)) => {
+            Err(ExecuteError::Db(e @ Error::OutcomeUnknown(_))) => {
                 assert!(e.is_outcome_unknown());
                 // Worded for this store: read the record; there is nothing to reopen.
                 let text = e.to_string();
@@ -255,19 +281,18 @@ fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
             }
             other => panic!("expected OutcomeUnknown, got {other:?}"),
         }
-        // It did commit: the record is there, IN_PROGRESS. The caller must read to learn it.
+        // It did commit: the record is there. The caller must read to learn it.
         let rec = direct
             .get(&scope(), &key)
             .await
             .unwrap()
             .expect("committed");
-        assert_eq!(rec.state, RecordState::InProgress);
+        assert_eq!(rec.state, RecordState::Completed);
+        assert_eq!(rec.response, b"done");
         // The pool drops the broken connection; the next call works.
-        let again = through
-            .reserve(&scope(), &Key::new("k2"), b"req", LEASE)
-            .await;
+        let again = execute(&through, &Key::new("k2")).await;
         assert!(
-            matches!(again, Ok(idemdb::ReserveOutcome::Acquired(_))),
+            matches!(again, Ok(ExecuteOutcome::Executed(_))),
             "{again:?}"
         );
     });
@@ -279,10 +304,10 @@ fn a_connection_lost_before_commit_is_an_error_and_nothing_is_committed() {
         let (proxy, through, direct) = stores().await;
         proxy.arm(Cut::BeforeInsert);
         let key = Key::new("k1");
-        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        let result = execute(&through, &key).await;
         proxy.settled().await;
         match result {
-            Err(e @ Error::Database(_)) => assert!(!e.is_outcome_unknown()),
+            Err(ExecuteError::Db(e @ Error::Database(_))) => assert!(!e.is_outcome_unknown()),
             other => panic!("expected a plain database error, got {other:?}"),
         }
         // The server rolled the transaction back when the connection went.
@@ -298,13 +323,78 @@ fn a_commit_sent_but_never_received_is_still_outcome_unknown() {
         // The proxy swallows COMMIT: the client sent it and cannot know it never arrived.
         proxy.arm(Cut::BeforeCommit);
         let key = Key::new("k1");
+        let result = execute(&through, &key).await;
+        proxy.settled().await;
+        assert!(
+            matches!(result, Err(ExecuteError::Db(Error::OutcomeUnknown(_)))),
+            "{result:?}"
+        );
+        // "Unknown" meant it: this time nothing committed, and a retry executes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(direct.get(&scope(), &key).await.unwrap(), None);
+        let retry = execute(&through, &key).await;
+        assert!(
+            matches!(retry, Ok(ExecuteOutcome::Executed(_))),
+            "{retry:?}"
+        );
+    });
+}
+
+/// A store through the proxy whose one connection has run a reservation already: its
+/// statement is prepared and its partitions made, so the next reservation is one Bind.
+async fn warmed() -> (Proxy, PgStore, PgStore) {
+    let (proxy, through, direct) = stores().await;
+    let warm = through
+        .reserve(&scope(), &Key::new("warm"), b"req", LEASE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(warm, idemdb::ReserveOutcome::Acquired(_)),
+        "{warm:?}"
+    );
+    (proxy, through, direct)
+}
+
+#[test]
+fn a_reservation_cut_after_its_statement_was_sent_is_outcome_unknown_and_did_commit() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = warmed().await;
+        proxy.arm(Cut::AfterBind);
+        let key = Key::new("k1");
         let result = through.reserve(&scope(), &key, b"req", LEASE).await;
         proxy.settled().await;
         assert!(
             matches!(result, Err(Error::OutcomeUnknown(_))),
             "{result:?}"
         );
-        // "Unknown" meant it: this time nothing committed, and a retry acquires the key.
+        // It did commit: the key is IN_PROGRESS under a lease nobody was told of.
+        let rec = direct
+            .get(&scope(), &key)
+            .await
+            .unwrap()
+            .expect("committed");
+        assert_eq!(rec.state, RecordState::InProgress);
+        let again = direct.reserve(&scope(), &key, b"req", LEASE).await.unwrap();
+        assert!(
+            matches!(again, idemdb::ReserveOutcome::InProgress { .. }),
+            "{again:?}"
+        );
+    });
+}
+
+#[test]
+fn a_reservation_whose_statement_never_arrived_is_still_outcome_unknown() {
+    runtime().block_on(async {
+        let (proxy, through, direct) = warmed().await;
+        // The proxy swallows the statement: the client sent it and cannot know.
+        proxy.arm(Cut::BeforeBind);
+        let key = Key::new("k1");
+        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+        proxy.settled().await;
+        assert!(
+            matches!(result, Err(Error::OutcomeUnknown(_))),
+            "{result:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(direct.get(&scope(), &key).await.unwrap(), None);
         let retry = through

@@ -7,7 +7,7 @@ use common::stores::{fresh_database_url, runtime};
 use idemdb::{Error, PgStore};
 
 /// The schema version this build writes.
-const SCHEMA: u32 = 2;
+const SCHEMA: u32 = 3;
 
 use common::stores::admin as client;
 

@@ -1,7 +1,7 @@
-//! The PostgreSQL store (`idemdb::PgStore`) against the embedded engine (`IdemDb`), in one
-//! run (issue 15).
+//! The PostgreSQL store (`idemdb::PgStore`) against the table a user would write by hand on
+//! the same server (`table.rs`, issue 22) and the embedded engine (`IdemDb`), in one run.
 //!
-//! Both stores are driven the same way: callers are OS threads, each driving the async
+//! All three are driven the same way: callers are OS threads, each driving the async
 //! `idemdb::Store` calls to completion with `Handle::block_on` on one shared multi-thread
 //! tokio runtime (2 workers, where PgStore's connections also run). PostgreSQL is the test
 //! server of `idemdb::testing::postgres` (`$IDEMDB_TEST_PG`, else a throwaway cluster for the
@@ -9,28 +9,32 @@
 //! engine a fresh file per cell under the system's temp dir. Every write is durable.
 //!
 //! Criterion cells (sample size 10, warm-up 1 s, 3 s, flat sampling):
-//! - `pg_lifecycle_{1,16,64}`: reserve + complete of fresh keys by N caller threads (one
-//!   criterion iteration = one lifecycle on each thread), PostgreSQL's pool holding N
-//!   connections;
-//! - `pg_replay_1`: reserve of a completed key (random among 2,000 preloaded), 1 caller.
+//! - `pg_lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads (one
+//!   criterion iteration = one lifecycle on each thread), PgStore's pool and the baseline
+//!   holding N connections; the CPU the whole machine (bench and server) and this process
+//!   spent per lifecycle, from /proc, over the cell;
+//! - `pg_replay_{1,4}`: reserve of a completed key (one of 2,000 preloaded), by 1 and 4
+//!   callers.
 //!
 //! Then, outside criterion, the drop stall (`stall.rs`): 48 due time partitions of 3,000
 //! records each, dropped by one `compact_now()` while 64 callers run lifecycles, for both
 //! stores, every reserve timed.
 //!
-//! Run: `cargo bench --bench pg_compare` (about 100 s on the 2-vCPU VM); the summary with
-//! PostgreSQL ÷ embedded ratios is printed at the end and written to
+//! Run: `cargo bench --bench pg_compare` (about 3 min on the 2-vCPU VM); the summary with
+//! PgStore ÷ baseline and PgStore ÷ embedded ratios is printed at the end and written to
 //! `target/bench-results/pg_summary.md`. A criterion filter (`-- pg_lifecycle_64`) runs the
 //! matching cells only, and the drop stall only if `drop_stall` matches it. In criterion's
 //! test mode (`cargo test --benches`) every cell runs once, the stall on tiny sizes with its
 //! checks, and nothing is written.
 
 mod callers;
+mod cpu;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;
 mod stall;
 mod subject;
+mod table;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -41,12 +45,14 @@ use idemdb::{Retention, Scope};
 use tokio::runtime::{Handle, Runtime};
 
 use callers::{Callers, Op};
-use shared::keys::{OPERATION, PRINCIPAL, Rng};
+use shared::keys::{OPERATION, PRINCIPAL};
 use shared::report::target_dir;
 use subject::{Kind, Opened, parallel};
 
 /// Caller threads of the lifecycle cells.
-const CALLERS: [usize; 3] = [1, 16, 64];
+const CALLERS: [usize; 4] = [1, 4, 16, 64];
+/// Caller threads of the replay cells.
+const REPLAY_CALLERS: [usize; 2] = [1, 4];
 /// Completed records preloaded for the replay cell.
 const REPLAY_KEYS: u64 = 2_000;
 const REPLAY_KEYS_TEST: u64 = 50;
@@ -70,11 +76,13 @@ fn main() {
     } else {
         REPLAY_KEYS
     };
-    replay(&mut c, &rt, root.path(), keys);
+    for n in REPLAY_CALLERS {
+        replay(&mut c, &rt, root.path(), keys, n);
+    }
     c.final_summary();
 
     let mut summary = report::Summary::default();
-    summary.criterion_rows(&CALLERS, test_mode);
+    summary.criterion_rows(&CALLERS, &REPLAY_CALLERS, test_mode);
     if runs_stall() {
         let sizes = if test_mode {
             &stall::TINY
@@ -128,59 +136,71 @@ fn default_retention() -> Retention {
     Retention::default()
 }
 
-/// `threads` callers each running lifecycles of fresh keys, on each store.
+/// `threads` callers each running lifecycles of fresh keys, on each subject.
 fn lifecycle(c: &mut Criterion, rt: &Runtime, root: &Path, threads: usize) {
     let cell = format!("pg_lifecycle_{threads}");
-    let mut g = group(c, &cell, threads as u64);
-    for kind in Kind::BOTH {
-        let mut state: Option<(Callers, Opened)> = None;
-        let mut latencies = Vec::new();
-        g.bench_function(kind.id(), |b| {
-            let (callers, _) = state.get_or_insert_with(|| {
-                let opened =
-                    Opened::open(kind, rt.handle(), root, threads, default_retention(), None);
-                let subject = opened.subject.clone();
-                let handle = rt.handle().clone();
-                let scope = Scope::new(OPERATION, PRINCIPAL);
-                let op: Op = Arc::new(move |id| {
-                    subject.lifecycle(&handle, &scope, id);
-                });
-                (Callers::new(threads, op), opened)
-            });
-            b.iter_custom(|iters| callers.run(iters, &mut latencies));
+    let scope = Scope::new(OPERATION, PRINCIPAL);
+    cell_of_callers(c, &cell, threads, |kind| {
+        let opened = Opened::open(kind, rt.handle(), root, threads, default_retention(), None);
+        let subject = opened.subject.clone();
+        let handle = rt.handle().clone();
+        let scope = scope.clone();
+        let op: Op = Arc::new(move |id| {
+            subject.lifecycle(&handle, &scope, id);
         });
-        // The callers stop before the store closes.
-        if let Some(state) = state.take() {
-            drop(state);
-            report::ran(&cell, kind, &mut latencies);
-        }
-    }
-    g.finish();
+        (op, opened)
+    });
 }
 
-/// One caller replaying completed keys, on each store.
-fn replay(c: &mut Criterion, rt: &Runtime, root: &Path, keys: u64) {
-    let cell = "pg_replay_1";
-    let mut g = group(c, cell, 1);
-    for kind in Kind::BOTH {
-        let mut state: Option<Opened> = None;
-        let mut rng = Rng::new(7);
-        let scope = Scope::new(OPERATION, PRINCIPAL);
+/// `threads` callers replaying completed keys, on each subject.
+fn replay(c: &mut Criterion, rt: &Runtime, root: &Path, keys: u64, threads: usize) {
+    let cell = format!("pg_replay_{threads}");
+    let scope = Scope::new(OPERATION, PRINCIPAL);
+    cell_of_callers(c, &cell, threads, |kind| {
         let handle: Handle = rt.handle().clone();
-        g.bench_function(kind.id(), |b| {
-            let opened = state.get_or_insert_with(|| {
-                let opened = Opened::open(kind, &handle, root, 16, default_retention(), None);
-                let subject = &opened.subject;
-                parallel(16, 0..keys, &|id| {
-                    subject.lifecycle(&handle, &scope, id);
-                });
-                opened
-            });
-            let subject = &opened.subject;
-            b.iter(|| subject.replay(&handle, &scope, rng.below(keys)));
+        let opened = Opened::open(kind, &handle, root, 16, default_retention(), None);
+        let subject = opened.subject.clone();
+        parallel(16, 0..keys, &|id| {
+            subject.lifecycle(&handle, &scope, id);
         });
-        if state.take().is_some() {
-            report::ran(cell, kind, &mut []);
+        let scope = scope.clone();
+        // The callers' ids are fresh: each names one of the preloaded keys.
+        let op: Op = Arc::new(move |id| subject.replay(&handle, &scope, id % keys));
+        (op, opened)
+    });
+}
+
+/// One criterion cell of `threads` callers running `op` on each subject, opened by `open`
+/// when the cell starts and closed (callers first) when it ends; the latencies and the CPU
+/// spent per operation go to the report.
+fn cell_of_callers(
+    c: &mut Criterion,
+    cell: &str,
+    threads: usize,
+    open: impl Fn(Kind) -> (Op, Opened),
+) {
+    let mut g = group(c, cell, threads as u64);
+    for kind in Kind::ALL {
+        let mut state: Option<(Callers, Opened)> = None;
+        let mut latencies = Vec::new();
+        let (mut used, mut ops) = (cpu::Usage::default(), 0u64);
+        g.bench_function(kind.id(), |b| {
+            let (callers, _) = state.get_or_insert_with(|| {
+                let (op, opened) = open(kind);
+                (Callers::new(threads, op), opened)
+            });
+            b.iter_custom(|iters| {
+                let before = cpu::Usage::now();
+                let took = callers.run(iters, &mut latencies);
+                used.add(cpu::Usage::now().since(before));
+                ops += iters * threads as u64;
+                took
+            });
+        });
+        if let Some(state) = state.take() {
+            drop(state);
+            report::ran(cell, kind, &mut latencies);
+            report::cpu(cell, kind, used, ops);
         }
     }
     g.finish();

@@ -1,6 +1,7 @@
 //! The summary of a run: lifecycles/s and replay latency from criterion's estimates, the
-//! per-lifecycle p99s timed beside them, and the drop-stall measurements; PostgreSQL ÷
-//! embedded in every comparable row. Printed, and written to
+//! per-lifecycle p99s timed beside them, the CPU per operation, and the drop-stall
+//! measurements; PgStore ÷ the hand-written baseline and PgStore ÷ embedded in every
+//! comparable row. Printed, and written to
 //! `target/bench-results/pg_summary.md` (not in criterion's test mode).
 
 use std::collections::BTreeMap;
@@ -61,6 +62,16 @@ pub fn ran(cell: &str, kind: Kind, latencies: &mut [u64]) {
     }
 }
 
+/// The CPU `used` over `ops` operations of `kind` in `cell`: the machine's and this process's.
+pub fn cpu(cell: &str, kind: Kind, used: crate::cpu::Usage, ops: u64) {
+    if ops == 0 {
+        return;
+    }
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / ops as f64;
+    record(cell, kind, "cpu_machine_us", per(used.machine));
+    record(cell, kind, "cpu_process_us", per(used.process));
+}
+
 /// Criterion's median ns per iteration of `kind` in `cell`, if it ran in this run (and this
 /// is not criterion's test mode, which measures nothing).
 fn median(cell: &str, kind: Kind, test_mode: bool) -> Option<f64> {
@@ -73,8 +84,8 @@ fn median(cell: &str, kind: Kind, test_mode: bool) -> Option<f64> {
 struct Row {
     cell: String,
     metric: String,
-    /// PostgreSQL, embedded.
-    vals: [Option<f64>; 2],
+    /// PgStore, the hand-written baseline, embedded.
+    vals: [Option<f64>; 3],
     digits: usize,
     ratio: bool,
 }
@@ -89,7 +100,7 @@ impl Summary {
         &mut self,
         cell: &str,
         metric: impl Into<String>,
-        vals: [Option<f64>; 2],
+        vals: [Option<f64>; 3],
         digits: usize,
     ) {
         self.rows.push(Row {
@@ -105,7 +116,7 @@ impl Summary {
         &mut self,
         cell: &str,
         metric: impl Into<String>,
-        vals: [Option<f64>; 2],
+        vals: [Option<f64>; 3],
         digits: usize,
     ) {
         self.rows.push(Row {
@@ -118,29 +129,55 @@ impl Summary {
     }
 
     /// The criterion cells' rows.
-    pub fn criterion_rows(&mut self, callers: &[usize], test_mode: bool) {
-        let both = |f: &dyn Fn(Kind) -> Option<f64>| Kind::BOTH.map(f);
+    pub fn criterion_rows(&mut self, callers: &[usize], replayers: &[usize], test_mode: bool) {
+        let all = |f: &dyn Fn(Kind) -> Option<f64>| Kind::ALL.map(f);
         for &n in callers {
             let cell = format!("pg_lifecycle_{n}");
             self.row(
                 &cell,
                 "lifecycles/s ↑",
-                both(&|k| Some(n as f64 * 1e9 / median(&cell, k, test_mode)?)),
+                all(&|k| Some(n as f64 * 1e9 / median(&cell, k, test_mode)?)),
                 0,
             );
             self.row(
                 &cell,
                 "p99 lifecycle latency, ms ↓",
-                both(&|k| Some(side(&cell, k, "p99_ns")? / 1e6)),
+                all(&|k| Some(side(&cell, k, "p99_ns")? / 1e6)),
                 2,
             );
+            self.cpu_rows(&cell, "lifecycle");
         }
-        let cell = "pg_replay_1";
+        for &n in replayers {
+            let cell = format!("pg_replay_{n}");
+            self.row(
+                &cell,
+                "replays/s ↑",
+                all(&|k| Some(n as f64 * 1e9 / median(&cell, k, test_mode)?)),
+                0,
+            );
+            self.row(
+                &cell,
+                "median µs per replay ↓",
+                all(&|k| Some(side(&cell, k, "p50_ns")? / 1e3)),
+                1,
+            );
+            self.cpu_rows(&cell, "replay");
+        }
+    }
+
+    fn cpu_rows(&mut self, cell: &str, what: &str) {
+        let all = |f: &dyn Fn(Kind) -> Option<f64>| Kind::ALL.map(f);
         self.row(
             cell,
-            "median µs per replay ↓",
-            both(&|k| Some(median(cell, k, test_mode)? / 1e3)),
-            1,
+            format!("CPU µs per {what}, whole machine (bench + server) ↓"),
+            all(&|k| side(cell, k, "cpu_machine_us")),
+            0,
+        );
+        self.row(
+            cell,
+            format!("… of which the bench process (client side) ↓"),
+            all(&|k| side(cell, k, "cpu_process_us")),
+            0,
         );
     }
 
@@ -148,7 +185,7 @@ impl Summary {
     pub fn stall_rows(&mut self, r: &[StallResult; 2]) {
         let c = "drop_stall";
         let us = |d: &crate::report::Dist, q: f64| d.q(q).map(|v| v / 1e3);
-        let both = |f: &dyn Fn(&StallResult) -> Option<f64>| [f(&r[0]), f(&r[1])];
+        let both = |f: &dyn Fn(&StallResult) -> Option<f64>| [f(&r[0]), None, f(&r[1])];
         self.plain(
             c,
             "records due (partitions × records each)",
@@ -246,25 +283,41 @@ impl Summary {
             &[
                 "cell",
                 "metric (↑ higher is better, ↓ lower)",
-                "PostgreSQL",
+                "PgStore",
+                "hand-written table",
                 "embedded",
-                "PG ÷ embedded",
+                "PgStore ÷ table",
+                "PgStore ÷ embedded",
             ],
         );
-        let _ = writeln!(md, "|---|---|--:|--:|--:|");
+        let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|");
         for r in &self.rows {
-            let [a, b] = r.vals.map(|v| fmt_val(v, r.digits));
-            let ratio = match (r.ratio, r.vals) {
-                (true, [Some(x), Some(y)]) if y > 0.0 => fmt_ratio(x / y),
+            let [a, b, c] = r.vals.map(|v| fmt_val(v, r.digits));
+            let ratio = |over: Option<f64>| match (r.ratio, r.vals[0], over) {
+                (true, Some(x), Some(y)) if y > 0.0 => fmt_ratio(x / y),
                 _ => "–".into(),
             };
-            table_row(&mut md, &[r.cell.as_str(), &r.metric, &a, &b, &ratio]);
+            let (to_table, to_embedded) = (ratio(r.vals[1]), ratio(r.vals[2]));
+            table_row(
+                &mut md,
+                &[
+                    r.cell.as_str(),
+                    &r.metric,
+                    &a,
+                    &b,
+                    &c,
+                    &to_table,
+                    &to_embedded,
+                ],
+            );
         }
         let _ = writeln!(
             md,
             "\nCallers are OS threads driving the async `Store` calls with `Handle::block_on` on \
-             one multi-thread tokio runtime (2 workers), for both stores; the drop-stall load \
-             has {CALLERS} callers."
+             one multi-thread tokio runtime (2 workers), for every subject; the hand-written table \
+             is `INSERT … ON CONFLICT DO NOTHING` (a `SELECT` on conflict) and a guarded \
+             `UPDATE`, autocommit, prepared, one connection per caller (benches/pg_compare/table.rs). \
+             The drop-stall load has {CALLERS} callers."
         );
         md
     }

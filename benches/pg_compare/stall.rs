@@ -94,6 +94,7 @@ pub fn stall(kind: Kind, rt: &Handle, root: &std::path::Path, sizes: &StallSizes
     let api = match kind {
         Kind::Postgres => sizes.api_per_partition.min(per),
         Kind::Embedded => per,
+        Kind::Table => unreachable!("the stall runs the two stores"),
     };
     for w in 0..parts {
         let at = start + w * HOUR_MS + 1_000;
@@ -166,6 +167,7 @@ pub fn stall(kind: Kind, rt: &Handle, root: &std::path::Path, sizes: &StallSizes
             let left = existing_tables(rt, store, &before.names);
             assert_eq!(left, 0, "dropped partitions still in pg_class");
         }
+        Subject::Table(_) => unreachable!("the stall runs the two stores"),
         Subject::Embedded(db) => {
             let (partitions, dropped) = stats_before.expect("embedded");
             let st = db.stats();
@@ -258,6 +260,7 @@ fn due(subject: &Subject, rt: &Handle, now: u64) -> Due {
                 names,
             }
         }),
+        Subject::Table(_) => unreachable!("the stall runs the two stores"),
     }
 }
 
@@ -268,7 +271,7 @@ fn embedded_stats(subject: &Subject) -> Option<(u64, u64)> {
             let st = db.stats();
             Some((st.partitions, st.partitions_dropped))
         }
-        Subject::Pg(_) => None,
+        Subject::Pg(_) | Subject::Table(_) => None,
     }
 }
 

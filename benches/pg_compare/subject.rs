@@ -1,4 +1,4 @@
-//! The two stores under test, driven the same way: every call is the async `Store` method,
+//! The stores under test and the hand-written baseline, driven the same way: every call is the async `Store` method,
 //! driven to completion by the calling OS thread with `Handle::block_on` on the bench's one
 //! multi-thread tokio runtime.
 
@@ -14,6 +14,7 @@ use tempfile::TempDir;
 use tokio::runtime::Handle;
 
 use crate::shared::keys::{PAYLOAD, RESPONSE, key_bytes};
+use crate::table::Table;
 
 /// Lease of every reservation.
 pub const LEASE: Duration = Duration::from_secs(60);
@@ -21,17 +22,22 @@ pub const LEASE: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Postgres,
+    /// The hand-written table over the same server (`table.rs`).
+    Table,
     Embedded,
 }
 
 impl Kind {
-    /// The order in which every cell runs them.
+    /// The order in which every criterion cell runs them.
+    pub const ALL: [Kind; 3] = [Kind::Postgres, Kind::Table, Kind::Embedded];
+    /// The two stores: the drop stall runs these.
     pub const BOTH: [Kind; 2] = [Kind::Postgres, Kind::Embedded];
 
     /// The criterion benchmark id.
     pub fn id(self) -> &'static str {
         match self {
             Kind::Postgres => "postgres",
+            Kind::Table => "pg_table",
             Kind::Embedded => "embedded",
         }
     }
@@ -41,6 +47,7 @@ impl Kind {
 #[derive(Clone)]
 pub enum Subject {
     Pg(Arc<PgStore>),
+    Table(Arc<Table>),
     Embedded(Arc<IdemDb>),
 }
 
@@ -109,6 +116,15 @@ impl Opened {
                     _dir: Some(dir),
                 }
             }
+            Kind::Table => {
+                assert!(clock.is_none(), "the baseline keeps no time of its own");
+                let url = fresh_database();
+                Opened {
+                    subject: Subject::Table(Arc::new(Table::open(rt, &url, pool))),
+                    clock: None,
+                    _dir: None,
+                }
+            }
             Kind::Postgres => {
                 let url = fresh_database();
                 let builder = PgStore::builder(&url)
@@ -175,6 +191,7 @@ impl Subject {
     pub fn lifecycle(&self, rt: &Handle, scope: &Scope, id: u64) -> (Instant, Duration) {
         match self {
             Subject::Pg(s) => rt.block_on(lifecycle(&**s, scope, id)),
+            Subject::Table(t) => rt.block_on(t.lifecycle(id)),
             Subject::Embedded(s) => rt.block_on(lifecycle(&**s, scope, id)),
         }
     }
@@ -183,6 +200,7 @@ impl Subject {
     pub fn replay(&self, rt: &Handle, scope: &Scope, id: u64) {
         match self {
             Subject::Pg(s) => rt.block_on(replay(&**s, scope, id)),
+            Subject::Table(t) => rt.block_on(t.replay(id)),
             Subject::Embedded(s) => rt.block_on(replay(&**s, scope, id)),
         }
     }
@@ -211,6 +229,7 @@ impl Subject {
                     records_expired: Some(r.records_expired),
                 }
             }
+            Subject::Table(_) => panic!("the baseline has no compaction"),
         }
     }
 }

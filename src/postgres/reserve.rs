@@ -1,11 +1,11 @@
 //! `reserve`, `reserve_or_wait` and `get` over PostgreSQL. The shared `decide` chooses; the
 //! database makes each choice atomic:
-//! - a live record is answered from one read, or taken over by an update guarded by its
-//!   token, state and lease (a concurrent change makes it match nothing: look again);
-//! - a key without a live record is inserted while its stripe's row lock is held, after a
-//!   second read under that lock, so that no two callers insert it (a partitioned table has
-//!   no unique index across partitions).
-
+//! - a fresh key or a replay is one autocommit statement (`idemdb_reserve`, design.md §14):
+//!   it reads the newest row and, where nothing live exists, inserts under the key's stripe
+//!   row lock after a second read under that lock, so that no two callers insert it (a
+//!   partitioned table has no unique index across partitions);
+//! - a live record whose lease ran out is taken over by an update guarded by its token,
+//!   state and lease (a concurrent change makes it match nothing: look again).
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -54,29 +54,11 @@ const ANNOUNCE: &str = concat!(
      AND token IS DISTINCT FROM $4::bigint RETURNING idemdb_records.token"
 );
 
-/// Under the key's stripe lock, one statement: the key's newest row, and the insert of the
-/// new owner's IN_PROGRESS record (`$4` fingerprint, `$5` lease, `$6` TTL) if no live record
-/// exists by the store's clock and either no record at all or the policy flags a key beyond
-/// its horizon (`$7`). Columns 0–8 the newest row, 9 the inserted token, 10 its lease end,
-/// 11 the store's time.
-const CLAIM: &str = concat!(
-    "WITH ",
-    clock!(),
-    ", newest AS (SELECT state, fingerprint, token, lease_expires_at, created_at, updated_at, \
-     expires_at, attempts, response FROM idemdb_records WHERE ",
-    key_is_params!(),
-    " ORDER BY expires_at DESC LIMIT 1), \
-     ins AS (INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token, \
-     lease_expires_at, created_at, updated_at, expires_at, attempts, response) \
-     SELECT $1, $2, $3, 1, $4::bytea, nextval('idemdb_tokens'), clock.now_ms + $5::bigint, \
-     clock.now_ms, clock.now_ms, clock.now_ms + $5::bigint + $6::bigint, 1, ''::bytea \
-     FROM clock WHERE NOT EXISTS (SELECT 1 FROM newest WHERE newest.expires_at > clock.now_ms) \
-     AND ($7::boolean OR NOT EXISTS (SELECT 1 FROM newest)) \
-     RETURNING token, lease_expires_at) \
-     SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at, \
-     n.expires_at, n.attempts, n.response, (SELECT token FROM ins), \
-     (SELECT lease_expires_at FROM ins), clock.now_ms FROM clock LEFT JOIN newest AS n ON true"
-);
+/// The reservation in one statement (schema version 3's `idemdb_reserve`, design.md §14):
+/// `$4` fingerprint, `$5` lease, `$6` TTL, `$7` whether the policy flags a key beyond its
+/// horizon, `$8` the key's stripe. Columns 0–8 the newest row, 9 the inserted token, 10 its
+/// lease end, 11 the store's time.
+const RESERVE: &str = "SELECT * FROM idemdb_reserve($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Locks the stripe of a key; held until the transaction ends.
 const LOCK_STRIPE: &str = "SELECT stripe FROM idemdb_stripes WHERE stripe = $1 FOR UPDATE";
@@ -242,38 +224,26 @@ impl Inner {
         }
     }
 
-    /// One attempt; `None` when the record changed under it.
+    /// One attempt; `None` when the record changed under it. A fresh key or a replay is one
+    /// round trip: the statement reads, and inserts under the stripe lock where nothing live
+    /// exists, committing by itself.
     async fn reserve_once(&self, request: &Request<'_>) -> Result<Option<ReserveOutcome>, Step> {
         let p = &request.parts;
         let ttl = self.rules.ttl_ms(request.key);
-        let mut client = self.pool.get().await.map_err(pool)?;
-        let row = newest(&client, p).await.map_err(Step::before_commit)?;
-        let found = self.seen(Found::of(&row, 9)?);
-        let now = found.now_ms;
-        if found.live.is_some() {
-            return match decide(found.live, request.fingerprint, now) {
-                Decision::Replay(r) => Ok(Some(r.into())),
-                Decision::TakeOver(prev) => self.take_over(&client, request, &prev, ttl).await,
-                // A live record is never absent: decided again under the lock below.
-                Decision::Acquire => Ok(None),
-            };
-        }
-        let expires = now.saturating_add(request.lease_ms).saturating_add(ttl);
+        let client = self.pool.get().await.map_err(pool)?;
+        // Where an insert would land, estimated from the last reading of the server's time:
+        // a partition missed is made when the insert says so, and the attempt runs again.
+        let expires = self
+            .server_time()
+            .saturating_add(request.lease_ms)
+            .saturating_add(ttl);
         self.partitions
             .ensure_range(&client, expires, expires.saturating_add(PARTITION_SLACK_MS))
             .await
             .map_err(Step::before_commit)?;
-        let txn = client.transaction().await.map_err(Step::before_commit)?;
-        txn.query_one(&prepared(&txn, LOCK_STRIPE).await?, &[&stripe(request.key)])
-            .await
-            .map_err(Step::before_commit)?;
-        // What the lock lets this transaction see, read and acted on in one statement at the
-        // server's time: the new owner's record, inserted only where `decide` acquires (no
-        // live record; an expired one only under `Flag`). Otherwise the shared decision, on
-        // the row read.
         let flag_beyond = self.rules.policy == BeyondHorizonPolicy::Flag;
         let fingerprint = fingerprint_bytes(request.fingerprint).to_vec();
-        let params: [&(dyn ToSql + Sync); 7] = [
+        let params: [&(dyn ToSql + Sync); 8] = [
             &p.operation,
             &p.principal,
             &p.key,
@@ -281,19 +251,24 @@ impl Inner {
             &span(request.lease_ms),
             &span(ttl),
             &flag_beyond,
+            &stripe(request.key),
         ];
-        let row = txn
-            .query_one(&prepared(&txn, CLAIM).await?, &params)
+        let stmt = client
+            .prepare_cached(RESERVE)
             .await
             .map_err(Step::before_commit)?;
+        // It may have inserted and committed: a lost connection is an unknown outcome.
+        let row = client
+            .query_one(&stmt, &params)
+            .await
+            .map_err(Step::autocommit)?;
         let found = self.seen(Found::of(&row, 11)?);
         let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
         let Some(token) = inserted else {
-            // Not inserted: a newest row exists, live (or expired, refused by the policy).
             return match decide(found.live, request.fingerprint, found.now_ms) {
                 Decision::Replay(r) => Ok(Some(r.into())),
-                // Taken over without the lock; the record is live, so no insert races it.
-                Decision::TakeOver(_) => Ok(None),
+                Decision::TakeOver(prev) => self.take_over(&client, request, &prev, ttl).await,
+                // Nothing live and not inserted: an expired record the policy refuses.
                 Decision::Acquire => Ok(Some(ReserveOutcome::BeyondHorizon)),
             };
         };
@@ -302,12 +277,10 @@ impl Inner {
             .try_get::<_, Option<i16>>(0)
             .map_err(Step::before_commit)?
             .is_some();
-        let token = token_from(token)?;
-        txn.commit().await.map_err(Step::at_commit)?;
         Ok(Some(ReserveOutcome::Acquired(Reservation {
             database_id: self.database_id,
             record_key: request.key.clone(),
-            token,
+            token: token_from(token)?,
             lease_expires_at: stored_ms(lease_end)?,
             attempt: 1,
             takeover: false,

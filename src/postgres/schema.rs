@@ -10,7 +10,7 @@ use crate::fingerprint::{Fingerprinter, SECRET_LEN};
 use crate::meta::database_id;
 
 /// The newest schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 
 /// Lock stripes: a reservation of a key with no live record holds its stripe's row lock
 /// while it looks again and inserts, so that no two callers insert the same key (a
@@ -57,6 +57,69 @@ ALTER TABLE idemdb_records ADD COLUMN IF NOT EXISTS key_hash bytea
     ") STORED;
 CREATE INDEX IF NOT EXISTS idemdb_records_hash ON idemdb_records (key_hash, expires_at DESC);
 DROP INDEX IF EXISTS idemdb_records_key;
+"
+);
+
+/// Version 3: `idemdb_reserve`, a reservation in one statement (one round trip, one commit).
+/// It reads the key's newest row; a live one is returned for the caller's `decide`. Else it
+/// takes the key's stripe lock, reads again and inserts the new owner's IN_PROGRESS record
+/// if no live record exists and either none at all or `p_flag` (the policy flags a key beyond
+/// its horizon). Each statement of a PL/pgSQL function takes its own snapshot under READ
+/// COMMITTED, so the read after the lock sees the insert of the lock's previous holder. The
+/// stripes are those of versions 1 and 2: an older build's instance still running beside a
+/// newer one excludes the same inserts. Columns: the newest row (0-8; NULL for none), the
+/// inserted token and lease end (9, 10; NULL when nothing was inserted), the store's time (11).
+const V3: &str = concat!(
+    "
+CREATE OR REPLACE FUNCTION idemdb_reserve(p_operation bytea, p_principal bytea, p_key bytea,
+    p_fingerprint bytea, p_lease bigint, p_ttl bigint, p_flag boolean, p_stripe int)
+RETURNS TABLE (o_state smallint, o_fingerprint bytea, o_token bigint, o_lease bigint,
+    o_created bigint, o_updated bigint, o_expires bigint, o_attempts int, o_response bytea,
+    o_new_token bigint, o_new_lease bigint, o_now bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    h bytea := ",
+    key_hash!("p_operation", "p_principal", "p_key"),
+    ";
+    n record;
+    now_ms bigint;
+    had boolean;
+    locked boolean := false;
+BEGIN
+    LOOP
+        SELECT COALESCE(m.frozen_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+            INTO now_ms FROM idemdb_meta m WHERE m.id = 1;
+        SELECT r.state, r.fingerprint, r.token, r.lease_expires_at, r.created_at, r.updated_at,
+            r.expires_at, r.attempts, r.response INTO n FROM idemdb_records r
+            WHERE r.key_hash = h AND r.operation = p_operation AND r.principal = p_principal
+            AND r.key = p_key ORDER BY r.expires_at DESC LIMIT 1;
+        had := FOUND;
+        IF had AND n.expires_at > now_ms THEN
+            RETURN QUERY SELECT n.state, n.fingerprint, n.token, n.lease_expires_at,
+                n.created_at, n.updated_at, n.expires_at, n.attempts, n.response,
+                NULL::bigint, NULL::bigint, now_ms;
+            RETURN;
+        END IF;
+        EXIT WHEN locked;
+        PERFORM 1 FROM idemdb_stripes s WHERE s.stripe = p_stripe FOR UPDATE;
+        locked := true;
+    END LOOP;
+    IF had AND NOT p_flag THEN
+        RETURN QUERY SELECT n.state, n.fingerprint, n.token, n.lease_expires_at,
+            n.created_at, n.updated_at, n.expires_at, n.attempts, n.response,
+            NULL::bigint, NULL::bigint, now_ms;
+        RETURN;
+    END IF;
+    RETURN QUERY WITH ins AS (
+        INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token,
+            lease_expires_at, created_at, updated_at, expires_at, attempts, response)
+        VALUES (p_operation, p_principal, p_key, 1, p_fingerprint, nextval('idemdb_tokens'),
+            now_ms + p_lease, now_ms, now_ms, now_ms + p_lease + p_ttl, 1, ''::bytea)
+        RETURNING token, lease_expires_at)
+    SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at,
+        n.expires_at, n.attempts, n.response, ins.token, ins.lease_expires_at, now_ms FROM ins;
+END
+$fn$;
 "
 );
 
@@ -113,6 +176,7 @@ async fn migrate_once(
     let txn = client.transaction().await?;
     txn.batch_execute(V1).await?;
     txn.batch_execute(V2).await?;
+    txn.batch_execute(V3).await?;
     txn.execute(
         "INSERT INTO idemdb_stripes SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING",
         &[&STRIPES],
