@@ -90,7 +90,7 @@ pub use inbox::Consumed;
 pub use log_problem::LogProblem;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgCompaction, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx};
+pub use postgres::{PgCompaction, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx, pg_handler};
 pub use record::{Record, RecordState};
 pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};

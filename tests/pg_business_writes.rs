@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::stores::{postgres, runtime};
+use common::stores::{accounts, accounts_table, postgres, runtime};
 
 use idemdb::tokio_postgres;
 use idemdb::{Consumed, ExecuteError, ExecuteOutcome, Key, Outcome, ReserveOutcome, Scope, Store};
@@ -179,16 +179,7 @@ fn a_deadlock_between_two_closures_is_retried_inside_and_each_commits_once() {
     runtime().block_on(async {
         let under = postgres().await;
         let db = Arc::clone(&under.db);
-        {
-            let client = db.pool().get().await.unwrap();
-            client
-                .batch_execute(
-                    "CREATE TABLE accounts (id text PRIMARY KEY, n int NOT NULL); \
-                     INSERT INTO accounts VALUES ('x', 0), ('y', 0)",
-                )
-                .await
-                .unwrap();
-        }
+        accounts_table(&db).await;
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         let attempts = Arc::new(AtomicU32::new(0));
         // Each locks its first row, meets the other, then wants the other's row.
@@ -237,16 +228,8 @@ fn a_deadlock_between_two_closures_is_retried_inside_and_each_commits_once() {
             3,
             "one side lost the deadlock and ran again"
         );
-        let client = db.pool().get().await.unwrap();
-        let rows: Vec<(String, i32)> = client
-            .query("SELECT id, n FROM accounts ORDER BY id", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
         // The loser's first attempt was rolled back: each transfer counted once.
-        assert_eq!(rows, [("x".to_string(), 2), ("y".to_string(), 2)]);
+        assert_eq!(accounts(&db).await, [2, 2]);
     });
 }
 

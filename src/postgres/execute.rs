@@ -1,5 +1,6 @@
-//! The caller's writes in the transaction that writes the record: `execute` (one shot),
-//! `complete_with` / `fail_with` (two step) and the inbox's `consume`, over PostgreSQL.
+//! The caller's writes in the transaction that writes the record: `execute` (one shot) and
+//! `complete_with` / `fail_with` (two step), over PostgreSQL; the inbox (inbox.rs) runs
+//! `execute`'s per-key step.
 //!
 //! The closure returns a boxed future ([`PgFuture`]: `|tx| Box::pin(async move { .. })`),
 //! so that the call's own future is `Send` wherever the closure's is (an async closure's
@@ -26,9 +27,7 @@ use super::wait::{CHANNEL, payload};
 use super::{Inner, PgStore};
 use crate::decide::{Decision, check_owner, decide};
 use crate::error::{Error, ExecuteError};
-use crate::fingerprint::Payload;
-use crate::inbox::Consumed;
-use crate::inbox::{INBOX_PAYLOAD, consumed, names};
+use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::{ExecuteOutcome, Outcome};
 use crate::record::RecordState;
 use crate::retention::BeyondHorizonPolicy;
@@ -60,7 +59,11 @@ impl<'a> Deref for PgTx<'a> {
 }
 
 impl<'a> PgTx<'a> {
-    fn new(txn: &'a tokio_postgres::Transaction<'a>, now_ms: u64, beyond_horizon: bool) -> Self {
+    pub(super) fn new(
+        txn: &'a tokio_postgres::Transaction<'a>,
+        now_ms: u64,
+        beyond_horizon: bool,
+    ) -> Self {
         PgTx {
             txn,
             now_ms,
@@ -138,7 +141,7 @@ impl<'a> PgTx<'a> {
     }
 
     /// Whether a watched statement hit a serialization failure or deadlock.
-    fn conflicted(&self) -> bool {
+    pub(super) fn conflicted(&self) -> bool {
         self.conflict.load(Ordering::Relaxed)
     }
 
@@ -160,7 +163,7 @@ impl<'a> PgTx<'a> {
 pub type PgFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
 
 /// What one attempt of a closure transaction ended with.
-enum Ran<T, E> {
+pub(super) enum Ran<T, E> {
     /// Committed (or answered without the closure).
     Answer(T),
     /// The closure failed: rolled back.
@@ -251,27 +254,6 @@ impl PgStore {
         self.count_owned(&result);
         result
     }
-
-    /// Inbox dedupe: runs `handler` once per `message_id` of `consumer`, its writes
-    /// committing with the dedupe record. See [`IdemDb::consume`](crate::IdemDb::consume).
-    pub async fn consume<F, E>(
-        &self,
-        consumer: &str,
-        message_id: impl AsRef<[u8]>,
-        mut handler: F,
-    ) -> Result<Consumed, ExecuteError<E>>
-    where
-        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
-        E: Send + 'static,
-    {
-        let (scope, key) = names(consumer, message_id.as_ref());
-        let body = completing(|tx| {
-            let handled = handler(tx);
-            Box::pin(async move { handled.await.map(|()| Outcome::Completed(Vec::new())) })
-        });
-        let outcome = self.execute(&scope, &key, INBOX_PAYLOAD, body).await?;
-        Ok(consumed(consumer, outcome)?)
-    }
 }
 
 /// The record the reservation owns (`$4` its token), live by the store's clock, locked for the
@@ -321,130 +303,230 @@ const TAKE_OVER_FINISHED: &str = concat!(
 );
 
 /// A watched statement of the closure lost a conflict: the transaction runs again.
-fn conflict() -> Step {
+pub(super) fn conflict() -> Step {
     Step::Retry(Error::Internal(
         "the closure's transaction kept losing serialization conflicts or deadlocks".into(),
     ))
 }
 
-/// Gives a closure the higher-ranked signature `execute` needs (closures do not infer it
-/// from their body).
-fn completing<F, E>(f: F) -> F
-where
-    F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>>,
-{
-    f
+/// A key of `execute` (or of a poll's message): what each attempt needs.
+pub(super) struct Keyed<'k> {
+    pub(super) key: &'k RecordKey,
+    pub(super) parts: KeyParts<'k>,
+    fingerprint: Fingerprint,
+    pub(super) ttl: u64,
+}
+
+/// What one key's step did in an open transaction; nothing of it is committed yet.
+pub(super) enum Done<E> {
+    /// Answered without the closure (a duplicate, or refused beyond the horizon); nothing
+    /// written.
+    Answer(ExecuteOutcome),
+    /// The closure ran and the finished record is written: both commit together.
+    Executed {
+        outcome: Outcome,
+        takeover: bool,
+        beyond: bool,
+    },
+    /// The closure failed: what it wrote is to be rolled back.
+    Closure(E),
 }
 
 impl Inner {
+    pub(super) fn keyed<'k>(
+        &self,
+        key: &'k RecordKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Keyed<'k>, Error> {
+        Ok(Keyed {
+            parts: KeyParts::of(key)?,
+            key,
+            fingerprint,
+            ttl: self.rules.ttl_ms(key),
+        })
+    }
+
+    /// Makes the partitions that records finished now with TTLs from `shortest` to
+    /// `longest` go to (the server's time estimated, with slack).
+    pub(super) async fn partitions_ahead(
+        &self,
+        client: &deadpool_postgres::Client,
+        shortest: u64,
+        longest: u64,
+    ) -> Result<(), Step> {
+        let now = self.server_time();
+        let to = now
+            .saturating_add(longest)
+            .saturating_add(PARTITION_SLACK_MS);
+        self.partitions
+            .ensure_range(client, now.saturating_add(shortest), to)
+            .await
+            .map_err(Step::before_commit)?;
+        Ok(())
+    }
+
+    /// After a failed attempt: `Ok` to run it again (after a pause, or once the missing
+    /// partition is made), else the caller's error.
+    pub(super) async fn again(&self, step: Step, attempt: u32) -> Result<(), Error> {
+        match step {
+            Step::Fail(e) => Err(e),
+            Step::Partition(at) if attempt < MAX_ATTEMPTS => {
+                self.counters.retried();
+                self.remake_partition(at).await
+            }
+            Step::Retry(_) if attempt < MAX_ATTEMPTS => {
+                self.counters.retried();
+                tokio::time::sleep(backoff(attempt)).await;
+                Ok(())
+            }
+            Step::Partition(_) => Err(partition_missing()),
+            Step::Retry(e) => Err(e),
+        }
+    }
+
+    /// An attempt's end: `None` to run it again, else the caller's answer.
+    pub(super) async fn settle<T, E>(
+        &self,
+        step: Result<Ran<T, E>, Step>,
+        attempt: u32,
+    ) -> Option<Result<T, ExecuteError<E>>> {
+        match step {
+            Ok(Ran::Answer(v)) => Some(Ok(v)),
+            Ok(Ran::Closure(e)) => Some(Err(ExecuteError::Closure(e))),
+            Err(step) => self.again(step, attempt).await.err().map(|e| Err(e.into())),
+        }
+    }
+
     async fn execute_encoded<F, E>(
         &self,
         key: &RecordKey,
-        fingerprint: crate::fingerprint::Fingerprint,
+        fingerprint: Fingerprint,
         mut body: F,
     ) -> Result<ExecuteOutcome, ExecuteError<E>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
         E: Send + 'static,
     {
-        let p = KeyParts::of(key)?;
-        let ttl = self.rules.ttl_ms(key);
+        let k = self.keyed(key, fingerprint)?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let step: Result<Ran<ExecuteOutcome, E>, Step> = async {
-                let mut client = self.pool.get().await.map_err(pool)?;
-                let expires = self.server_time().saturating_add(ttl);
-                self.partitions
-                    .ensure_range(&client, expires, expires.saturating_add(PARTITION_SLACK_MS))
-                    .await
-                    .map_err(Step::before_commit)?;
-                let txn = client.transaction().await.map_err(Step::before_commit)?;
-                let found = self.locked_look(&txn, key, &p).await?;
-                let (beyond, now) = (found.expired, found.now_ms);
-                let previous = match decide(found.live, fingerprint, now) {
-                    Decision::Replay(r) => return Ok(Ran::Answer(r.into())),
-                    Decision::Acquire
-                        if beyond && self.rules.policy == BeyondHorizonPolicy::Refuse =>
-                    {
-                        return Ok(Ran::Answer(ExecuteOutcome::BeyondHorizon));
-                    }
-                    Decision::Acquire => None,
-                    Decision::TakeOver(prev) => Some(prev),
-                };
-                let mut tx = PgTx::new(&txn, now, beyond);
-                // A conflict the closure swallowed left the transaction aborted: run again.
-                let outcome = match body(&mut tx).await {
-                    _ if tx.conflicted() => return Err(conflict()),
-                    Ok(outcome) => outcome,
-                    Err(e) => return Ok(Ran::Closure(e)),
-                };
-                self.limits.check_response(outcome.response())?;
-                let (state, response) = match &outcome {
-                    Outcome::Completed(b) => (RecordState::Completed, b),
-                    Outcome::Failed(b) => (RecordState::Failed, b),
-                };
-                let (state, ttl_v) = (state_code(state), span(ttl));
-                match &previous {
-                    None => {
-                        let fp = fingerprint_bytes(fingerprint).to_vec();
-                        let params: [&(dyn ToSql + Sync); 7] = [
-                            &p.operation,
-                            &p.principal,
-                            &p.key,
-                            &state,
-                            &fp,
-                            &ttl_v,
-                            response,
-                        ];
-                        txn.query_one(&prepared(&txn, INSERT_FINISHED).await?, &params)
-                            .await
-                            .map_err(Step::before_commit)?;
-                    }
-                    Some(prev) => {
-                        // The earlier owner's lease ran out (and was not extended since:
-                        // `extend` takes no stripe); it is fenced from here on.
-                        let token = token_value(prev.token);
-                        let params: [&(dyn ToSql + Sync); 7] = [
-                            &p.operation,
-                            &p.principal,
-                            &p.key,
-                            &token,
-                            &state,
-                            response,
-                            &ttl_v,
-                        ];
-                        let n = txn
-                            .execute(&prepared(&txn, TAKE_OVER_FINISHED).await?, &params)
-                            .await
-                            .map_err(Step::before_commit)?;
-                        if n != 1 {
-                            // Its owner finished or extended it meanwhile: decide again.
-                            return Err(moved());
-                        }
-                    }
-                }
-                txn.commit().await.map_err(Step::at_commit)?;
-                self.counters.executed_as(previous.is_some(), beyond);
-                Ok(Ran::Answer(ExecuteOutcome::Executed(outcome)))
-            }
-            .await;
-            match step {
-                Ok(Ran::Answer(outcome)) => return Ok(outcome),
-                Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
-                Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
-                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS => {
-                    self.counters.retried();
-                    self.remake_partition(at).await?;
-                }
-                Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
-                    self.counters.retried();
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(Step::Partition(_)) => return Err(ExecuteError::Db(partition_missing())),
-                Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
+            let step = self.execute_once(&k, &mut body).await;
+            if let Some(answer) = self.settle(step, attempt).await {
+                return answer;
             }
         }
+    }
+
+    async fn execute_once<F, E>(
+        &self,
+        k: &Keyed<'_>,
+        body: &mut F,
+    ) -> Result<Ran<ExecuteOutcome, E>, Step>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
+        E: Send + 'static,
+    {
+        let mut client = self.pool.get().await.map_err(pool)?;
+        self.partitions_ahead(&client, k.ttl, k.ttl).await?;
+        let txn = client.transaction().await.map_err(Step::before_commit)?;
+        let found = self.locked_look(&txn, k.key, &k.parts).await?;
+        Ok(match self.execute_locked(&txn, k, found, body).await? {
+            Done::Answer(outcome) => Ran::Answer(outcome),
+            Done::Closure(e) => Ran::Closure(e),
+            Done::Executed {
+                outcome,
+                takeover,
+                beyond,
+            } => {
+                txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.executed_as(takeover, beyond);
+                Ran::Answer(ExecuteOutcome::Executed(outcome))
+            }
+        })
+    }
+
+    /// One key's step of `execute`, in `txn`, which holds the key's stripe lock: `found` (its
+    /// newest row, read under that lock) decided on by the shared `decide`, then `body` and
+    /// the finished record, inserted or taken over from an expired lease. Commits nothing.
+    pub(super) async fn execute_locked<F, E>(
+        &self,
+        txn: &deadpool_postgres::Transaction<'_>,
+        k: &Keyed<'_>,
+        found: Found,
+        body: &mut F,
+    ) -> Result<Done<E>, Step>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
+        E: Send + 'static,
+    {
+        let p = &k.parts;
+        let (beyond, now) = (found.expired, found.now_ms);
+        let previous = match decide(found.live, k.fingerprint, now) {
+            Decision::Replay(r) => return Ok(Done::Answer(r.into())),
+            Decision::Acquire if beyond && self.rules.policy == BeyondHorizonPolicy::Refuse => {
+                return Ok(Done::Answer(ExecuteOutcome::BeyondHorizon));
+            }
+            Decision::Acquire => None,
+            Decision::TakeOver(prev) => Some(prev),
+        };
+        let mut tx = PgTx::new(txn, now, beyond);
+        // A conflict the closure swallowed left the transaction aborted: run again.
+        let outcome = match body(&mut tx).await {
+            _ if tx.conflicted() => return Err(conflict()),
+            Ok(outcome) => outcome,
+            Err(e) => return Ok(Done::Closure(e)),
+        };
+        self.limits.check_response(outcome.response())?;
+        let (state, response) = match &outcome {
+            Outcome::Completed(b) => (RecordState::Completed, b),
+            Outcome::Failed(b) => (RecordState::Failed, b),
+        };
+        let (state, ttl_v) = (state_code(state), span(k.ttl));
+        match &previous {
+            None => {
+                let fp = fingerprint_bytes(k.fingerprint).to_vec();
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &p.operation,
+                    &p.principal,
+                    &p.key,
+                    &state,
+                    &fp,
+                    &ttl_v,
+                    response,
+                ];
+                txn.query_one(&prepared(txn, INSERT_FINISHED).await?, &params)
+                    .await
+                    .map_err(Step::before_commit)?;
+            }
+            Some(prev) => {
+                // The earlier owner's lease ran out (and was not extended since: `extend`
+                // takes no stripe); it is fenced from here on.
+                let token = token_value(prev.token);
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &p.operation,
+                    &p.principal,
+                    &p.key,
+                    &token,
+                    &state,
+                    response,
+                    &ttl_v,
+                ];
+                let n = txn
+                    .execute(&prepared(txn, TAKE_OVER_FINISHED).await?, &params)
+                    .await
+                    .map_err(Step::before_commit)?;
+                if n != 1 {
+                    // Its owner finished or extended it meanwhile: decide again.
+                    return Err(moved());
+                }
+            }
+        }
+        Ok(Done::Executed {
+            outcome,
+            takeover: previous.is_some(),
+            beyond,
+        })
     }
 
     async fn finish_with<F, E>(
@@ -533,20 +615,8 @@ impl Inner {
                 Ok(Ran::Answer(()))
             }
             .await;
-            match step {
-                Ok(Ran::Answer(())) => return Ok(()),
-                Ok(Ran::Closure(e)) => return Err(ExecuteError::Closure(e)),
-                Err(Step::Fail(e)) => return Err(ExecuteError::Db(e)),
-                Err(Step::Partition(at)) if attempt < MAX_ATTEMPTS => {
-                    self.counters.retried();
-                    self.remake_partition(at).await?;
-                }
-                Err(Step::Retry(_)) if attempt < MAX_ATTEMPTS => {
-                    self.counters.retried();
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(Step::Partition(_)) => return Err(ExecuteError::Db(partition_missing())),
-                Err(Step::Retry(e)) => return Err(ExecuteError::Db(e)),
+            if let Some(answer) = self.settle(step, attempt).await {
+                return answer;
             }
         }
     }

@@ -4,8 +4,9 @@
 //!
 //! - reserve.rs: `reserve`, `reserve_or_wait`, `get`;
 //! - owner.rs: `complete`, `fail`, `release`, `extend`;
-//! - execute.rs: `execute`, `complete_with`, `fail_with`, `consume`: the caller's writes in
-//!   the transaction that writes the record;
+//! - execute.rs: `execute`, `complete_with`, `fail_with`: the caller's writes in the
+//!   transaction that writes the record; inbox.rs: `consume`, `consume_batch` (a poll in one
+//!   transaction, a savepoint per message) and `run` (no record);
 //! - schema.rs, rows.rs: the tables, versioned, and records as rows;
 //! - sql.rs: the store's clock (the server's, read by each statement) and how a key is found;
 //!   server_time.rs: what this instance last learnt of it;
@@ -15,6 +16,7 @@
 
 mod errors;
 mod execute;
+mod inbox;
 mod owner;
 mod partitions;
 mod reserve;
@@ -33,6 +35,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 pub use execute::{PgFuture, PgTx};
+pub use inbox::pg_handler;
 pub use partitions::PgCompaction;
 pub use stats::PgStats;
 

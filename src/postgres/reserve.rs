@@ -63,6 +63,11 @@ const RESERVE: &str = "SELECT * FROM idemdb_reserve($1, $2, $3, $4, $5, $6, $7, 
 /// Locks the stripe of a key; held until the transaction ends.
 const LOCK_STRIPE: &str = "SELECT stripe FROM idemdb_stripes WHERE stripe = $1 FOR UPDATE";
 
+/// Locks the stripes in `$1`: in the order of the sort, which is below the row locks in the
+/// plan.
+const LOCK_STRIPES: &str =
+    "SELECT stripe FROM idemdb_stripes WHERE stripe = ANY($1) ORDER BY stripe FOR UPDATE";
+
 /// How far past the expiry a write was estimated to have the partitions made ahead of it:
 /// the estimate of the server's time is the last reading plus the time since.
 pub(crate) const PARTITION_SLACK_MS: u64 = 60_000;
@@ -101,6 +106,32 @@ impl Inner {
         txn.query_one(&prepared(txn, LOCK_STRIPE).await?, &[&stripe(key)])
             .await
             .map_err(Step::before_commit)?;
+        self.look(txn, p).await
+    }
+
+    /// Locks the stripes of many keys in `txn`, in ascending order, so that two transactions
+    /// locking overlapping sets cannot deadlock on them.
+    pub(crate) async fn lock_stripes<'k>(
+        &self,
+        txn: &deadpool_postgres::Transaction<'_>,
+        keys: impl Iterator<Item = &'k RecordKey>,
+    ) -> Result<(), Step> {
+        let mut stripes: Vec<i32> = keys.map(stripe).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        txn.query(&prepared(txn, LOCK_STRIPES).await?, &[&stripes])
+            .await
+            .map_err(Step::before_commit)?;
+        Ok(())
+    }
+
+    /// The key's newest row read in `txn`, with the store's time; only what a lock on its
+    /// stripe keeps until the transaction ends if `txn` holds one.
+    pub(crate) async fn look(
+        &self,
+        txn: &deadpool_postgres::Transaction<'_>,
+        p: &KeyParts<'_>,
+    ) -> Result<Found, Step> {
         let row = txn
             .query_one(
                 &prepared(txn, NEWEST).await?,

@@ -140,6 +140,13 @@ impl Counters {
         }
     }
 
+    /// A `run`: only its error is counted (it answers no key).
+    pub(crate) fn ran<T, E>(&self, result: &Result<T, ExecuteError<E>>) {
+        if let Err(ExecuteError::Db(e)) = result {
+            self.error(e);
+        }
+    }
+
     /// An owner's call: what it did when it succeeded (`finished`, `releases`, or nothing
     /// for `extend`), or its error.
     pub(crate) fn owned(&self, result: Result<(), &Error>, done: Owned) {

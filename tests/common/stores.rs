@@ -152,3 +152,22 @@ macro_rules! on_both_stores {
         }
     )*};
 }
+
+/// Two accounts, `x` and `y`, at 0: rows for transactions to update in opposite orders.
+pub async fn accounts_table(db: &PgStore) {
+    let client = db.pool().get().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id text PRIMARY KEY, n int NOT NULL); \
+             INSERT INTO accounts VALUES ('x', 0), ('y', 0)",
+        )
+        .await
+        .unwrap();
+}
+
+/// The accounts' counts: `x`'s, then `y`'s.
+pub async fn accounts(db: &PgStore) -> Vec<i32> {
+    let client = db.pool().get().await.unwrap();
+    let rows = client.query("SELECT n FROM accounts ORDER BY id", &[]);
+    rows.await.unwrap().iter().map(|r| r.get(0)).collect()
+}
