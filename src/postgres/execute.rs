@@ -424,7 +424,9 @@ impl Inner {
                         }
                     }
                 }
+                let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.committed(began.elapsed());
                 self.counters.executed_as(previous.is_some(), beyond);
                 Ok(Ran::Answer(ExecuteOutcome::Executed(outcome)))
             }
@@ -529,7 +531,9 @@ impl Inner {
                         "a locked record was not finished".into(),
                     )));
                 }
+                let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.committed(began.elapsed());
                 Ok(Ran::Answer(()))
             }
             .await;

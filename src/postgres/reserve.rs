@@ -303,7 +303,9 @@ impl Inner {
             .map_err(Step::before_commit)?
             .is_some();
         let token = token_from(token)?;
+        let began = std::time::Instant::now();
         txn.commit().await.map_err(Step::at_commit)?;
+        self.counters.committed(began.elapsed());
         Ok(Some(ReserveOutcome::Acquired(Reservation {
             database_id: self.database_id,
             record_key: request.key.clone(),
@@ -345,6 +347,7 @@ impl Inner {
             &span(request.lease_ms),
             &span(ttl),
         ];
+        let began = std::time::Instant::now();
         let row = match client.query_opt(&stmt, &params).await {
             Ok(row) => row,
             Err(e) => return Err(Step::autocommit(e)),
@@ -352,6 +355,7 @@ impl Inner {
         let Some(row) = row else {
             return Ok(None);
         };
+        self.counters.committed(began.elapsed());
         let token = token_of(&row)?;
         let lease_end: i64 = row.try_get(1).map_err(database)?;
         let attempts: i32 = row.try_get(2).map_err(database)?;
