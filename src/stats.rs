@@ -27,7 +27,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    fn record(&mut self, value: u64) {
+    pub(crate) fn record(&mut self, value: u64) {
         let bucket = (63 - value.max(1).leading_zeros()) as usize;
         self.buckets[bucket.min(HISTOGRAM_BUCKETS - 1)] += 1;
         self.count += 1;
@@ -144,6 +144,16 @@ pub struct LogLoss {
     pub what: String,
 }
 
+/// Names of the commit metrics (feature `metrics`), shared with the PostgreSQL store so that
+/// one dashboard reads both: a counter of commits, and histograms of the operations each one
+/// made durable and of its latency in seconds.
+#[cfg(feature = "metrics")]
+pub(crate) const COMMITS_TOTAL: &str = "idemdb_commits_total";
+#[cfg(feature = "metrics")]
+pub(crate) const COMMIT_BATCH_SIZE: &str = "idemdb_commit_batch_size";
+#[cfg(feature = "metrics")]
+pub(crate) const COMMIT_LATENCY_SECONDS: &str = "idemdb_commit_latency_seconds";
+
 #[derive(Clone, Copy)]
 pub(crate) enum Counter {
     Acquired,
@@ -161,10 +171,12 @@ pub(crate) enum Counter {
     ClockBehind,
     Checkpoints,
 }
-const COUNTERS: usize = 14;
+/// How many [`Counter`]s there are.
+pub(crate) const COUNTERS: usize = 14;
 
 impl Counter {
-    /// The name under which the `metrics` feature exports it (a counter).
+    /// The name under which the `metrics` feature exports it (a counter); the PostgreSQL
+    /// store exports its counts of the same answers under the same names.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn metric_name(self) -> &'static str {
         match self {
@@ -211,9 +223,9 @@ impl StatsCollector {
     pub(crate) fn record_batch(&self, ops: usize, took: Duration) {
         #[cfg(feature = "metrics")]
         {
-            metrics::counter!("idemdb_commits_total").increment(1);
-            metrics::histogram!("idemdb_commit_batch_size").record(ops as f64);
-            metrics::histogram!("idemdb_commit_latency_seconds").record(took.as_secs_f64());
+            metrics::counter!(COMMITS_TOTAL).increment(1);
+            metrics::histogram!(COMMIT_BATCH_SIZE).record(ops as f64);
+            metrics::histogram!(COMMIT_LATENCY_SECONDS).record(took.as_secs_f64());
         }
         let mut commits = self.commits.lock();
         commits.0 += 1;

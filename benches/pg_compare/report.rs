@@ -175,7 +175,7 @@ impl Summary {
         );
         self.row(
             cell,
-            format!("… of which the bench process (client side) ↓"),
+            "… of which the bench process (client side) ↓".to_string(),
             all(&|k| side(cell, k, "cpu_process_us")),
             0,
         );

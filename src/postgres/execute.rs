@@ -439,7 +439,9 @@ impl Inner {
                 takeover,
                 beyond,
             } => {
+                let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.committed(began.elapsed());
                 self.counters.executed_as(takeover, beyond);
                 Ran::Answer(ExecuteOutcome::Executed(outcome))
             }
@@ -611,7 +613,9 @@ impl Inner {
                         "a locked record was not finished".into(),
                     )));
                 }
+                let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
+                self.counters.committed(began.elapsed());
                 Ok(Ran::Answer(()))
             }
             .await;

@@ -233,7 +233,16 @@ impl Inner {
             ended.map_err(Step::before_commit)?;
             done.push(step);
         }
+        let writes = done
+            .iter()
+            .filter(|d| matches!(d, Ok(Done::Executed { .. })))
+            .count();
+        let began = std::time::Instant::now();
         let committed = match txn.commit().await.map_err(Step::at_commit) {
+            Ok(()) if writes > 0 => {
+                self.counters.committed_batch(began.elapsed(), writes);
+                Ok(())
+            }
             Ok(()) => Ok(()),
             Err(Step::Fail(e)) => Err(e),
             Err(step) => return Err(step),

@@ -234,6 +234,7 @@ impl PgStoreBuilder {
         let rules = self.retention.rules();
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Internal("PgStore connected outside a tokio runtime".into()))?;
+        let counters = stats::Counters::new(pool.clone());
         let inner = Arc::new(Inner {
             runtime,
             partitions: Partitions::new(rules.width_ms),
@@ -247,7 +248,7 @@ impl PgStoreBuilder {
             clock: self.clock,
             waits: Arc::new(Waits::default()),
             wait_poll: self.wait_poll,
-            counters: stats::Counters::default(),
+            counters,
         });
         let mut tasks = vec![tokio::spawn(wait::listen(
             self.config,
@@ -310,7 +311,7 @@ impl PgStore {
     /// What this instance's callers were told since connect, its pool now, and how far its
     /// clock is from the server's.
     pub fn stats(&self) -> PgStats {
-        let mut stats = self.inner.counters.snapshot(&self.inner.pool);
+        let mut stats = self.inner.counters.snapshot();
         stats.clock_skew_ms = self.inner.server.skew_ms();
         stats
     }
@@ -408,7 +409,11 @@ async fn compactor(inner: Weak<Inner>, every: Duration) {
     loop {
         match inner.upgrade() {
             // A failure is retried at the next interval; reads ignore expired rows anyway.
-            Some(inner) => drop(inner.compact().await),
+            // The pool gauges are set each tick too, so that an idle store's gauges catch up.
+            Some(inner) => {
+                drop(inner.compact().await);
+                inner.counters.pool_seen();
+            }
             None => return,
         }
         tokio::time::sleep(every).await;

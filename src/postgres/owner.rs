@@ -176,6 +176,7 @@ impl Inner {
             .await
             .map_err(Step::before_commit)?;
         let ttl_v = span(ttl);
+        let began = std::time::Instant::now();
         let result = match op {
             OwnerOp::Finish { state, response } => {
                 let state = state_code(*state);
@@ -198,6 +199,7 @@ impl Inner {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
+        self.counters.committed(began.elapsed());
         match op {
             OwnerOp::Extend { .. } => {
                 let lease_end: i64 = row.try_get(0).map_err(Step::before_commit)?;

@@ -288,6 +288,7 @@ impl Inner {
             .prepare_cached(RESERVE)
             .await
             .map_err(Step::before_commit)?;
+        let began = std::time::Instant::now();
         // It may have inserted and committed: a lost connection is an unknown outcome.
         let row = client
             .query_one(&stmt, &params)
@@ -303,6 +304,8 @@ impl Inner {
                 Decision::Acquire => Ok(Some(ReserveOutcome::BeyondHorizon)),
             };
         };
+        // Only an insert wrote (and committed) anything.
+        self.counters.committed(began.elapsed());
         let lease_end: i64 = row.try_get(10).map_err(Step::before_commit)?;
         let beyond = row
             .try_get::<_, Option<i16>>(0)
@@ -349,6 +352,7 @@ impl Inner {
             &span(request.lease_ms),
             &span(ttl),
         ];
+        let began = std::time::Instant::now();
         let row = match client.query_opt(&stmt, &params).await {
             Ok(row) => row,
             Err(e) => return Err(Step::autocommit(e)),
@@ -356,6 +360,7 @@ impl Inner {
         let Some(row) = row else {
             return Ok(None);
         };
+        self.counters.committed(began.elapsed());
         let token = token_of(&row)?;
         let lease_end: i64 = row.try_get(1).map_err(database)?;
         let attempts: i32 = row.try_get(2).map_err(database)?;

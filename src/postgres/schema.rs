@@ -72,52 +72,46 @@ DROP INDEX IF EXISTS idemdb_records_key;
 const V3: &str = concat!(
     "
 CREATE OR REPLACE FUNCTION idemdb_reserve(p_operation bytea, p_principal bytea, p_key bytea,
-    p_fingerprint bytea, p_lease bigint, p_ttl bigint, p_flag boolean, p_stripe int)
-RETURNS TABLE (o_state smallint, o_fingerprint bytea, o_token bigint, o_lease bigint,
-    o_created bigint, o_updated bigint, o_expires bigint, o_attempts int, o_response bytea,
-    o_new_token bigint, o_new_lease bigint, o_now bigint)
+    p_fingerprint bytea, p_lease bigint, p_ttl bigint, p_flag boolean, p_stripe int,
+    OUT o_state smallint, OUT o_fingerprint bytea, OUT o_token bigint, OUT o_lease bigint,
+    OUT o_created bigint, OUT o_updated bigint, OUT o_expires bigint, OUT o_attempts int,
+    OUT o_response bytea, OUT o_new_token bigint, OUT o_new_lease bigint, OUT o_now bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     h bytea := ",
     key_hash!("p_operation", "p_principal", "p_key"),
     ";
-    n record;
-    now_ms bigint;
-    had boolean;
     locked boolean := false;
 BEGIN
+    -- Each statement takes a new snapshot (READ COMMITTED): the read after the lock sees
+    -- every insert its previous holder committed.
     LOOP
         SELECT COALESCE(m.frozen_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-            INTO now_ms FROM idemdb_meta m WHERE m.id = 1;
+            INTO o_now FROM idemdb_meta m WHERE m.id = 1;
         SELECT r.state, r.fingerprint, r.token, r.lease_expires_at, r.created_at, r.updated_at,
-            r.expires_at, r.attempts, r.response INTO n FROM idemdb_records r
+            r.expires_at, r.attempts, r.response
+            INTO o_state, o_fingerprint, o_token, o_lease, o_created, o_updated, o_expires,
+                o_attempts, o_response
+            FROM idemdb_records r
             WHERE r.key_hash = h AND r.operation = p_operation AND r.principal = p_principal
             AND r.key = p_key ORDER BY r.expires_at DESC LIMIT 1;
-        had := FOUND;
-        IF had AND n.expires_at > now_ms THEN
-            RETURN QUERY SELECT n.state, n.fingerprint, n.token, n.lease_expires_at,
-                n.created_at, n.updated_at, n.expires_at, n.attempts, n.response,
-                NULL::bigint, NULL::bigint, now_ms;
+        -- A live record: answered from the row, nothing written.
+        IF o_expires > o_now THEN
             RETURN;
         END IF;
         EXIT WHEN locked;
         PERFORM 1 FROM idemdb_stripes s WHERE s.stripe = p_stripe FOR UPDATE;
         locked := true;
     END LOOP;
-    IF had AND NOT p_flag THEN
-        RETURN QUERY SELECT n.state, n.fingerprint, n.token, n.lease_expires_at,
-            n.created_at, n.updated_at, n.expires_at, n.attempts, n.response,
-            NULL::bigint, NULL::bigint, now_ms;
+    -- An expired record the policy refuses: the caller answers BeyondHorizon.
+    IF o_expires IS NOT NULL AND NOT p_flag THEN
         RETURN;
     END IF;
-    RETURN QUERY WITH ins AS (
-        INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token,
-            lease_expires_at, created_at, updated_at, expires_at, attempts, response)
-        VALUES (p_operation, p_principal, p_key, 1, p_fingerprint, nextval('idemdb_tokens'),
-            now_ms + p_lease, now_ms, now_ms, now_ms + p_lease + p_ttl, 1, ''::bytea)
-        RETURNING token, lease_expires_at)
-    SELECT n.state, n.fingerprint, n.token, n.lease_expires_at, n.created_at, n.updated_at,
-        n.expires_at, n.attempts, n.response, ins.token, ins.lease_expires_at, now_ms FROM ins;
+    INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token,
+        lease_expires_at, created_at, updated_at, expires_at, attempts, response)
+    VALUES (p_operation, p_principal, p_key, 1, p_fingerprint, nextval('idemdb_tokens'),
+        o_now + p_lease, o_now, o_now, o_now + p_lease + p_ttl, 1, ''::bytea)
+    RETURNING token, lease_expires_at INTO o_new_token, o_new_lease;
 END
 $fn$;
 "

@@ -1,10 +1,20 @@
 //! What a `PgStore`'s callers were told, counted by this instance (each instance counts its
-//! own calls; the database holds no counters), and its pool's state.
+//! own calls; the database holds no counters), its commits, and its pool's state.
+//!
+//! Feature `metrics`: every count is also a `metrics` counter of the name the embedded
+//! engine gives the same answer (`crate::stats::Counter::metric_name`), each commit of a
+//! record's write records the embedded engine's commit metrics, and the pool's state is
+//! four gauges, set after every counted call (its connection back in the pool), at every
+//! `stats()` and at every compactor tick.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::error::{Error, ExecuteError};
 use crate::outcome::{ExecuteOutcome, ReserveOutcome};
+use crate::stats::{COUNTERS, Counter, Histogram};
 
 /// A snapshot of [`PgStore::stats`](super::PgStore::stats): answers since connect, as the
 /// embedded engine's `Stats` counts them, and the connection pool now.
@@ -45,6 +55,13 @@ pub struct PgStats {
     pub pool_idle: usize,
     /// Calls waiting for a connection now.
     pub pool_waiting: usize,
+    /// Commits that made a record's write durable: a reservation's insert, a takeover, an
+    /// owner's finish, release or extension, an execution's transaction (one operation each;
+    /// the store batches none).
+    pub commits: u64,
+    /// Time of each of those commits, in microseconds: the round trip of the `COMMIT`, or of
+    /// the statement that commits by itself, the server's WAL flush included.
+    pub commit_latency_us: Histogram,
     /// This instance's clock minus the server's, in ms, at the last statement that read the
     /// server's (a round trip's error). For the operator only: the store judges every lease
     /// and expiry by the server's clock, so a skewed instance stays correct.
@@ -59,35 +76,133 @@ pub(crate) enum Owned {
     Extended,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    acquired: AtomicU64,
-    takeovers: AtomicU64,
-    beyond_horizon: AtomicU64,
-    replays_completed: AtomicU64,
-    replays_failed: AtomicU64,
-    mismatches: AtomicU64,
-    in_progress: AtomicU64,
-    fenced: AtomicU64,
-    finished: AtomicU64,
-    releases: AtomicU64,
-    outcome_unknown: AtomicU64,
-    retried: AtomicU64,
+/// One count of [`PgStats`]: an answer the embedded engine counts too, or one of the
+/// PostgreSQL store's own.
+#[derive(Clone, Copy)]
+enum Count {
+    Answer(Counter),
+    OutcomeUnknown,
+    Retried,
+}
+/// Slots: one per embedded [`Counter`] (those this store never answers stay 0), then its own.
+const COUNTS: usize = COUNTERS + 2;
+
+impl From<Counter> for Count {
+    fn from(c: Counter) -> Count {
+        Count::Answer(c)
+    }
 }
 
-fn add(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+impl Count {
+    fn slot(self) -> usize {
+        match self {
+            Count::Answer(c) => c as usize,
+            Count::OutcomeUnknown => COUNTERS,
+            Count::Retried => COUNTERS + 1,
+        }
+    }
+
+    /// The `metrics` counter it increments: the embedded engine's name for the same answer,
+    /// so that one dashboard reads both stores; the PostgreSQL store's own in that style.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn metric_name(self) -> &'static str {
+        match self {
+            Count::Answer(c) => c.metric_name(),
+            Count::OutcomeUnknown => "idemdb_outcome_unknown_total",
+            Count::Retried => "idemdb_retried_total",
+        }
+    }
+}
+
+/// Names of the pool gauges (feature `metrics`): the [`PgStats`] fields of the same names.
+#[cfg(feature = "metrics")]
+const POOL_GAUGES: [&str; 4] = [
+    "idemdb_pool_connections",
+    "idemdb_pool_max",
+    "idemdb_pool_idle",
+    "idemdb_pool_waiting",
+];
+
+pub(crate) struct Counters {
+    counts: [AtomicU64; COUNTS],
+    /// Commits and their latency (µs); a lock per commit, which waits on a round trip anyway.
+    commits: Mutex<(u64, Histogram)>,
+    /// The store's pool (a handle of it), read for its state.
+    pool: deadpool_postgres::Pool,
 }
 
 impl Counters {
+    pub(crate) fn new(pool: deadpool_postgres::Pool) -> Counters {
+        Counters {
+            counts: Default::default(),
+            commits: Mutex::default(),
+            pool,
+        }
+    }
+
+    fn add(&self, count: impl Into<Count>) {
+        let count: Count = count.into();
+        self.counts[count.slot()].fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(count.metric_name()).increment(1);
+    }
+
+    fn get(&self, count: impl Into<Count>) -> u64 {
+        self.counts[count.into().slot()].load(Ordering::Relaxed)
+    }
+
     pub(crate) fn retried(&self) {
-        add(&self.retried);
+        self.add(Count::Retried);
+    }
+
+    /// A commit that made a record's write durable, `took` its round trip: counted in
+    /// `commits` and `commit_latency_us`, and as the embedded engine's commit metrics (a
+    /// batch of one operation). Not for a commit that failed: its outcome is unknown.
+    pub(crate) fn committed(&self, took: Duration) {
+        self.committed_batch(took, 1);
+    }
+
+    /// As [`committed`](Self::committed), for a commit holding `writes` records' writes (a
+    /// `consume_batch` poll).
+    pub(crate) fn committed_batch(&self, took: Duration, writes: usize) {
+        #[cfg(feature = "metrics")]
+        {
+            use crate::stats::{COMMIT_BATCH_SIZE, COMMIT_LATENCY_SECONDS, COMMITS_TOTAL};
+            metrics::counter!(COMMITS_TOTAL).increment(1);
+            metrics::histogram!(COMMIT_BATCH_SIZE).record(writes as f64);
+            metrics::histogram!(COMMIT_LATENCY_SECONDS).record(took.as_secs_f64());
+        }
+        let mut commits = self.commits.lock();
+        commits.0 += 1;
+        commits
+            .1
+            .record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// Sets the pool gauges (feature `metrics`) from the pool's state now. Called after
+    /// every counted call, when its connection is back, so that a scrape sees the state at
+    /// the last answer; and by `stats()` and the compactor, so that an idle store's gauges
+    /// still catch up.
+    pub(crate) fn pool_seen(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            let status = self.pool.status();
+            let values = [
+                status.size,
+                status.max_size,
+                status.available,
+                status.waiting,
+            ];
+            for (name, value) in POOL_GAUGES.into_iter().zip(values) {
+                metrics::gauge!(name).set(value as f64);
+            }
+        }
     }
 
     fn error(&self, e: &Error) {
         match e {
-            Error::Fenced { .. } => add(&self.fenced),
-            Error::OutcomeUnknown(_) => add(&self.outcome_unknown),
+            Error::Fenced { .. } => self.add(Counter::Fenced),
+            Error::OutcomeUnknown(_) => self.add(Count::OutcomeUnknown),
             _ => {}
         }
     }
@@ -95,31 +210,32 @@ impl Counters {
     pub(crate) fn reserved(&self, result: &Result<ReserveOutcome, Error>) {
         match result {
             Ok(ReserveOutcome::Acquired(r)) => {
-                add(&self.acquired);
+                self.add(Counter::Acquired);
                 if r.is_takeover() {
-                    add(&self.takeovers);
+                    self.add(Counter::Takeovers);
                 }
                 if r.is_beyond_horizon() {
-                    add(&self.beyond_horizon);
+                    self.add(Counter::BeyondHorizon);
                 }
             }
-            Ok(ReserveOutcome::Completed(_)) => add(&self.replays_completed),
-            Ok(ReserveOutcome::Failed(_)) => add(&self.replays_failed),
-            Ok(ReserveOutcome::Mismatch) => add(&self.mismatches),
-            Ok(ReserveOutcome::InProgress { .. }) => add(&self.in_progress),
-            Ok(ReserveOutcome::BeyondHorizon) => add(&self.beyond_horizon),
+            Ok(ReserveOutcome::Completed(_)) => self.add(Counter::ReplaysCompleted),
+            Ok(ReserveOutcome::Failed(_)) => self.add(Counter::ReplaysFailed),
+            Ok(ReserveOutcome::Mismatch) => self.add(Counter::Mismatches),
+            Ok(ReserveOutcome::InProgress { .. }) => self.add(Counter::InProgress),
+            Ok(ReserveOutcome::BeyondHorizon) => self.add(Counter::BeyondHorizon),
             Err(e) => self.error(e),
         }
+        self.pool_seen();
     }
 
     /// An `execute` that committed after taking over an expired lease, or beyond its
     /// horizon (its outcome does not say).
     pub(crate) fn executed_as(&self, takeover: bool, beyond: bool) {
         if takeover {
-            add(&self.takeovers);
+            self.add(Counter::Takeovers);
         }
         if beyond {
-            add(&self.beyond_horizon);
+            self.add(Counter::BeyondHorizon);
         }
     }
 
@@ -127,17 +243,18 @@ impl Counters {
     pub(crate) fn executed<E>(&self, result: &Result<ExecuteOutcome, ExecuteError<E>>) {
         match result {
             Ok(ExecuteOutcome::Executed(_)) => {
-                add(&self.acquired);
-                add(&self.finished);
+                self.add(Counter::Acquired);
+                self.add(Counter::Finished);
             }
-            Ok(ExecuteOutcome::Completed(_)) => add(&self.replays_completed),
-            Ok(ExecuteOutcome::Failed(_)) => add(&self.replays_failed),
-            Ok(ExecuteOutcome::Mismatch) => add(&self.mismatches),
-            Ok(ExecuteOutcome::InProgress { .. }) => add(&self.in_progress),
-            Ok(ExecuteOutcome::BeyondHorizon) => add(&self.beyond_horizon),
+            Ok(ExecuteOutcome::Completed(_)) => self.add(Counter::ReplaysCompleted),
+            Ok(ExecuteOutcome::Failed(_)) => self.add(Counter::ReplaysFailed),
+            Ok(ExecuteOutcome::Mismatch) => self.add(Counter::Mismatches),
+            Ok(ExecuteOutcome::InProgress { .. }) => self.add(Counter::InProgress),
+            Ok(ExecuteOutcome::BeyondHorizon) => self.add(Counter::BeyondHorizon),
             Err(ExecuteError::Db(e)) => self.error(e),
             Err(ExecuteError::Closure(_)) => {}
         }
+        self.pool_seen();
     }
 
     /// A `run`: only its error is counted (it answers no key).
@@ -151,33 +268,37 @@ impl Counters {
     /// for `extend`), or its error.
     pub(crate) fn owned(&self, result: Result<(), &Error>, done: Owned) {
         match (result, done) {
-            (Ok(()), Owned::Finished) => add(&self.finished),
-            (Ok(()), Owned::Released) => add(&self.releases),
+            (Ok(()), Owned::Finished) => self.add(Counter::Finished),
+            (Ok(()), Owned::Released) => self.add(Counter::Releases),
             (Ok(()), Owned::Extended) => {}
             (Err(e), _) => self.error(e),
         }
+        self.pool_seen();
     }
 
-    pub(crate) fn snapshot(&self, pool: &deadpool_postgres::Pool) -> PgStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let status = pool.status();
+    pub(crate) fn snapshot(&self) -> PgStats {
+        self.pool_seen();
+        let status = self.pool.status();
+        let (commits, commit_latency_us) = self.commits.lock().clone();
         PgStats {
-            acquired: get(&self.acquired),
-            takeovers: get(&self.takeovers),
-            beyond_horizon: get(&self.beyond_horizon),
-            replays_completed: get(&self.replays_completed),
-            replays_failed: get(&self.replays_failed),
-            mismatches: get(&self.mismatches),
-            in_progress: get(&self.in_progress),
-            fenced: get(&self.fenced),
-            finished: get(&self.finished),
-            releases: get(&self.releases),
-            outcome_unknown: get(&self.outcome_unknown),
-            retried: get(&self.retried),
+            acquired: self.get(Counter::Acquired),
+            takeovers: self.get(Counter::Takeovers),
+            beyond_horizon: self.get(Counter::BeyondHorizon),
+            replays_completed: self.get(Counter::ReplaysCompleted),
+            replays_failed: self.get(Counter::ReplaysFailed),
+            mismatches: self.get(Counter::Mismatches),
+            in_progress: self.get(Counter::InProgress),
+            fenced: self.get(Counter::Fenced),
+            finished: self.get(Counter::Finished),
+            releases: self.get(Counter::Releases),
+            outcome_unknown: self.get(Count::OutcomeUnknown),
+            retried: self.get(Count::Retried),
             pool_connections: status.size,
             pool_max: status.max_size,
             pool_idle: status.available,
             pool_waiting: status.waiting,
+            commits,
+            commit_latency_us,
             clock_skew_ms: 0,
         }
     }
