@@ -65,17 +65,19 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
     });
 }
 
+/// A fresh database migrated by this build, then altered by `sql`.
+async fn migrated_then(sql: &str) -> (String, idemdb::PgStoreBuilder) {
+    let url = fresh_database_url();
+    let builder = PgStore::builder(&url).unwrap();
+    builder.migrate().await.unwrap();
+    client(&url).await.batch_execute(sql).await.unwrap();
+    (url, builder)
+}
+
 #[test]
 fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
     runtime().block_on(async {
-        let url = fresh_database_url();
-        let builder = PgStore::builder(&url).unwrap();
-        builder.migrate().await.unwrap();
-        client(&url)
-            .await
-            .batch_execute("UPDATE idemdb_meta SET schema_version = 99")
-            .await
-            .unwrap();
+        let (url, builder) = migrated_then("UPDATE idemdb_meta SET schema_version = 99").await;
         let refused = PgStore::builder(&url).unwrap().connect().await;
         assert!(
             matches!(
@@ -165,5 +167,67 @@ fn a_version_1_schema_is_upgraded_and_its_records_are_found() {
             .map(|r| r.get(0))
             .collect();
         assert_eq!(indexes, vec!["idemdb_records_hash".to_string()]);
+    });
+}
+
+/// A record as an instance of an older build inserts it under the stripe lock: IN_PROGRESS,
+/// its lease live by the server's clock.
+const OLDER_BUILD_INSERT: &str = "
+INSERT INTO idemdb_records (operation, principal, key, state, fingerprint, token,
+    lease_expires_at, created_at, updated_at, expires_at, attempts, response)
+SELECT 'POST /v2', 'u', 'k', 1, decode(repeat('00', 16), 'hex'), nextval('idemdb_tokens'),
+    now_ms + 600000, now_ms, now_ms, now_ms + 600000 + 86400000, 1, ''
+FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) t";
+
+#[test]
+fn a_version_2_schema_is_upgraded_and_its_stripe_locks_still_exclude_the_new_reservation() {
+    runtime().block_on(async {
+        // Made a version 2 database: version 3 only adds the function.
+        let (url, builder) = migrated_then(
+            "DROP FUNCTION idemdb_reserve; UPDATE idemdb_meta SET schema_version = 2",
+        )
+        .await;
+        let refused = PgStore::builder(&url).unwrap().connect().await;
+        assert!(
+            matches!(&refused, Err(Error::NotIdemdb(m)) if m.contains("older")),
+            "{:?}",
+            refused.err()
+        );
+        assert_eq!(builder.migrate().await.unwrap(), SCHEMA);
+        let store = builder.connect().await.unwrap();
+
+        // An instance of the older build, still running, holds every stripe while it reads
+        // and inserts a key, as its reservation does.
+        let mut older = client(&url).await;
+        let txn = older.transaction().await.unwrap();
+        txn.batch_execute("SELECT stripe FROM idemdb_stripes ORDER BY stripe FOR UPDATE")
+            .await
+            .unwrap();
+        use idemdb::Store;
+        let reserve = tokio::spawn(async move {
+            store
+                .reserve(
+                    &idemdb::Scope::new("POST /v2", "u"),
+                    &idemdb::Key::new("k"),
+                    b"req",
+                    std::time::Duration::from_secs(30),
+                )
+                .await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !reserve.is_finished(),
+            "the reservation did not wait for the stripe"
+        );
+        txn.batch_execute(OLDER_BUILD_INSERT).await.unwrap();
+        txn.commit().await.unwrap();
+        // It read again after the lock: the older instance's insert is there, and the key is
+        // not acquired twice. (That record was made for another payload: `Mismatch`, which
+        // only a read of it can answer.)
+        let outcome = reserve.await.unwrap().unwrap();
+        assert!(
+            matches!(outcome, idemdb::ReserveOutcome::Mismatch),
+            "{outcome:?}"
+        );
     });
 }
