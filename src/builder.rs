@@ -3,7 +3,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use redb::backends::FileBackend;
 use redb::{Key, StorageBackend, TableDefinition, Value};
@@ -14,6 +14,7 @@ use crate::db::IdemDb;
 use crate::error::Error;
 use crate::measured::Measured;
 use crate::retention::Retention;
+use crate::settings::{FileSize, Settings};
 use crate::tables::TableRegistry;
 use crate::wal::{LogFile, check_not_orphaned, log_io};
 
@@ -344,27 +345,14 @@ fn open_error(e: redb::DatabaseError) -> Error {
     }
 }
 
-/// What the engine is started with.
-pub(crate) struct Settings {
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) limits: Limits,
-    pub(crate) writer: WriterConfig,
-    pub(crate) retention: Retention,
-    pub(crate) tables: TableRegistry,
-    pub(crate) accept_log_loss: bool,
-}
+impl IdemDb {
+    /// Opens (or creates) the database at `path` with default settings.
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<IdemDb, Error> {
+        Builder::default().open(path)
+    }
 
-/// Where `stats()` finds the size of the database.
-pub(crate) enum FileSize {
-    Path(PathBuf),
-    Backend(Arc<AtomicU64>),
-}
-
-impl FileSize {
-    pub(crate) fn bytes(&self) -> u64 {
-        match self {
-            FileSize::Path(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-            FileSize::Backend(len) => len.load(Ordering::Relaxed),
-        }
+    /// Settings for opening a database.
+    pub fn builder() -> Builder {
+        Builder::default()
     }
 }

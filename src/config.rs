@@ -109,6 +109,17 @@ pub(crate) struct WriterConfig {
     pub(crate) log_step: u64,
 }
 
+/// Tokens reserved on disk at a time (by default): the meta entry `next_token` (meta.rs) is a ceiling
+/// above every token issued, raised by a block when issued tokens reach it (by a batch, which
+/// then ends with a durable commit), when they come within half a block of it (by a
+/// checkpoint), and at every open, so most batches do neither. After a reopen, tokens resume
+/// at the ceiling; up to this many are skipped, never reused.
+pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
+
+/// The log file (wal/) preallocated at creation, and the step it grows by (by default): zero-filled,
+/// so that an append's `fdatasync` has no block allocation or file size to write.
+pub(crate) const GROW_STEP: u64 = 1 << 20;
+
 impl Default for WriterConfig {
     fn default() -> Self {
         WriterConfig {
@@ -117,8 +128,8 @@ impl Default for WriterConfig {
             quick_repair: false,
             checkpoint_bytes: 16 << 20,
             checkpoint_interval: std::time::Duration::from_secs(1),
-            token_block: crate::meta::TOKEN_BLOCK,
-            log_step: crate::wal::GROW_STEP,
+            token_block: TOKEN_BLOCK,
+            log_step: GROW_STEP,
         }
     }
 }

@@ -6,18 +6,19 @@ use std::thread::JoinHandle;
 
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
-use crate::builder::{Builder, FileSize, Settings};
 use crate::config::Limits;
 use crate::engine::Engine;
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
-use crate::meta::{self, INFLIGHT};
+use crate::meta;
 use crate::record::Record;
 use crate::reentry::refuse_reentry;
 use crate::retention::Retention;
 use crate::retention::compactor::{CompactionReport, Compactor, compact};
 use crate::retention::locate::Layout;
 use crate::scope::{Key, RecordKey, Scope};
+use crate::settings::{FileSize, Settings};
 use crate::stats::Stats;
 use crate::timer::Timer;
 use crate::writer::Writer;
@@ -97,16 +98,6 @@ impl Drop for IdemDb {
 }
 
 impl IdemDb {
-    /// Opens (or creates) the database at `path` with default settings.
-    pub fn open(path: impl AsRef<std::path::Path>) -> Result<IdemDb, Error> {
-        Builder::default().open(path)
-    }
-
-    /// Settings for opening a database.
-    pub fn builder() -> Builder {
-        Builder::default()
-    }
-
     pub(crate) fn from_parts(
         db: Database,
         log: crate::wal::LogFile,

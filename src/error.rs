@@ -5,9 +5,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::fencing::FencingToken;
 use crate::log_problem::LogProblem;
-use crate::record::RecordState;
-use crate::token::FencingToken;
+use crate::state::RecordState;
 
 /// Why an input was refused. Nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,9 @@
-//! Table definitions and the meta table: magic, format version, fingerprint secret, token
-//! counter. Layout in docs/design.md.
+//! The meta table: magic, format version, fingerprint secret, token counter; checked or
+//! made at open, and the format upgrades. Layout in docs/design.md §1.
 
-use redb::{
-    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
-};
+use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableHandle};
 
+use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, VERSION_KEY};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
 use crate::record::{Record, RecordState};
@@ -14,31 +13,8 @@ use crate::retention::locate::Layout;
 use crate::retention::records::Records;
 use crate::scope::RecordKey;
 
-/// Prefix of every table idemdb owns; callers' business tables may not use it.
-pub(crate) const RESERVED_PREFIX: &str = "idemdb_";
-
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
-/// The records table of formats 1 (all records) and 2 (finished records); format 3 keeps
-/// finished records in time partitions (partition.rs). Read only by the upgrades.
-pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_records");
-/// IN_PROGRESS records only. Kept apart because it stays small (bounded by the work in flight):
-/// a batch of reservations dirties a few of its pages instead of random leaves of the
-/// partitions.
-pub(crate) const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inflight");
-
 const MAGIC_KEY: &str = "magic";
-const VERSION_KEY: &str = "format_version";
 const SECRET_KEY: &str = "fingerprint_secret";
-pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
-/// Tokens reserved on disk at a time (by default): the meta entry `next_token` is a ceiling
-/// above every token issued, raised by a block when issued tokens reach it (by a batch, which
-/// then ends with a durable commit), when they come within half a block of it (by a
-/// checkpoint), and at every open, so most batches do neither. After a reopen, tokens resume
-/// at the ceiling; up to this many are skipped, never reused.
-pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
-/// The sequence number of the last log frame this file holds (wal/): absent before the first
-/// checkpoint.
-pub(crate) const CHECKPOINT_KEY: &str = "log_checkpoint";
 
 const MAGIC: &[u8] = b"idemdb\0\x01";
 /// The on-disk format this build writes and the newest it reads. Version 1 kept IN_PROGRESS
@@ -177,15 +153,6 @@ fn upgrade_from_3(db: &Database) -> Result<(), Error> {
     txn.open_table(META)?
         .insert(VERSION_KEY, &BEFORE_LOG_RECORD.to_le_bytes()[..])?;
     txn.commit()?;
-    Ok(())
-}
-
-/// Writes `version` as the file's format version.
-pub(crate) fn write_format_version(
-    meta: &mut redb::Table<'_, &'static str, &'static [u8]>,
-    version: u32,
-) -> Result<(), Error> {
-    meta.insert(VERSION_KEY, &version.to_le_bytes()[..])?;
     Ok(())
 }
 

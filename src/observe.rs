@@ -3,7 +3,6 @@
 //! never the key's payload or response. Without the feature, spans are a zero-sized no-op.
 
 use crate::scope::RecordKey;
-use crate::writer::op::{RecordOp, WriteOp};
 
 #[cfg(feature = "tracing")]
 pub(crate) type Span = tracing::Span;
@@ -18,37 +17,24 @@ impl Span {
     pub(crate) fn enter(&self) {}
 }
 
-fn kind(op: &WriteOp) -> &'static str {
-    match op {
-        WriteOp::Record { op, .. } => match op {
-            RecordOp::Reserve { .. } => "reserve",
-            RecordOp::Finish { business: None, .. } => "finish",
-            RecordOp::Finish { .. } => "finish_with",
-            RecordOp::Release { .. } => "release",
-            RecordOp::Extend { .. } => "extend",
-            RecordOp::Execute { .. } => "execute",
-        },
-        WriteOp::Run { .. } => "run",
-    }
-}
-
-/// The span of a write, from queueing to its batch's durability point.
-pub(crate) fn write_span(op: &WriteOp) -> Span {
+/// The span of a write (`kind`: what it does; `key`: its record, if it has one), from queueing
+/// to its batch's durability point.
+pub(crate) fn write_span(kind: &'static str, key: Option<&RecordKey>) -> Span {
     #[cfg(feature = "tracing")]
     {
-        match op.key() {
+        match key {
             Some(key) => tracing::debug_span!(
                 "idemdb.write",
-                kind = kind(op),
+                kind = kind,
                 operation = %Part::Operation(key),
                 principal = %Part::Principal(key)
             ),
-            None => tracing::debug_span!("idemdb.write", kind = kind(op)),
+            None => tracing::debug_span!("idemdb.write", kind = kind),
         }
     }
     #[cfg(not(feature = "tracing"))]
     {
-        let _ = kind(op);
+        let _ = (kind, key);
         Span
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+pub use crate::state::RecordState;
 use crate::token::FencingToken;
 
 /// Version byte that starts every encoded record. Version 1 (formats 1 and 2) lacked
@@ -12,45 +13,6 @@ pub(crate) const RECORD_VERSION: u8 = 2;
 pub(crate) const HEADER_LEN: usize = 1 + 1 + 16 + 8 + 8 + 8 + 8 + 4 + 8;
 /// The header of a version-1 record: the same fields without `expires_at`.
 const HEADER_LEN_V1: usize = HEADER_LEN - 8;
-
-/// Where a record is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RecordState {
-    /// Reserved by the holder of its fencing token; the work is running.
-    InProgress,
-    /// Finished; the stored response is replayed to every duplicate.
-    Completed,
-    /// Finished with a deterministic failure; the stored response is replayed, never re-run.
-    Failed,
-}
-
-impl RecordState {
-    pub(crate) fn to_byte(self) -> u8 {
-        match self {
-            RecordState::InProgress => 1,
-            RecordState::Completed => 2,
-            RecordState::Failed => 3,
-        }
-    }
-
-    pub(crate) fn from_byte(b: u8) -> Option<Self> {
-        match b {
-            1 => Some(RecordState::InProgress),
-            2 => Some(RecordState::Completed),
-            3 => Some(RecordState::Failed),
-            _ => None,
-        }
-    }
-
-    /// Lower-case name, as used in docs and exports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RecordState::InProgress => "in_progress",
-            RecordState::Completed => "completed",
-            RecordState::Failed => "failed",
-        }
-    }
-}
 
 /// A read-only view of one record, as returned by [`IdemDb::get`](crate::IdemDb::get).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition, TableHandle};
 pub use verify::{Problem, VerifyReport};
 
 use crate::db::IdemDb;
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::record::{Record, RecordState};
 use crate::retention::partition::{PartitionName, partition_tables};
 use crate::scope::{Key, RecordKey, Scope};

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::RwLock;
 use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
 
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::record::Record;
 use crate::retention::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, find, get_in};
 use crate::retention::partition::{Catalog, Partition};

@@ -10,7 +10,6 @@ use crate::config::Limits;
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
-use crate::heartbeat;
 use crate::outcome::ReserveOutcome;
 use crate::record::Record;
 use crate::retention::Retention;
@@ -196,7 +195,7 @@ impl Store for IdemDb {
                 (r, result)
             };
             let sleep = |d| Sleep::until(timer, Instant::now() + d);
-            heartbeat::renew(reservation, lease, extend, sleep).await
+            crate::renewal::renew(reservation, lease, extend, sleep).await
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Caller tables registered on the [`Builder`](crate::Builder): what a closure writes to
 //! them is logged as post-images and replayed typed at open, so a batch running caller code
-//! needs no durable redb commit of its own (docs/design.md §5.3).
+//! needs no durable redb commit of its own (docs/design.md §5.6).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -8,8 +8,8 @@ use redb::{
     Value, WriteTransaction,
 };
 
+use crate::engine_tables::RESERVED_PREFIX;
 use crate::error::{Error, InputError};
-use crate::meta::RESERVED_PREFIX;
 use crate::tables::TableRegistry;
 use crate::tx_table::{BusinessLog, TxTable};
 

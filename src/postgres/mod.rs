@@ -540,7 +540,7 @@ impl Store for PgStore {
                     (r, result)
                 }
             };
-            crate::heartbeat::renew(reservation, lease, extend, tokio::time::sleep).await
+            crate::renewal::renew(reservation, lease, extend, tokio::time::sleep).await
         }));
         async move {
             let mut task = task;

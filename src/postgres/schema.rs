@@ -1,5 +1,5 @@
 //! The schema, created and upgraded by [`PgStoreBuilder::migrate`](super::PgStoreBuilder::migrate),
-//! versioned in `idemdb_meta`. docs/design.md §13 describes every table.
+//! versioned in `idemdb_meta`. docs/design.md §14 describes every table.
 
 use tokio_postgres::error::SqlState;
 

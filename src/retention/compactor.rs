@@ -13,8 +13,8 @@ use parking_lot::{Condvar, Mutex};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::clock::Clock;
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::record::Record;
 use crate::retention::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
 use crate::retention::partition::Partition;

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::RwLock;
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::retention::partition::PartitionName;
 
 pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::record::Record;
 use crate::retention::Rules;
 use crate::retention::horizon::{HORIZON, Horizon, decode_tags, row_until};

@@ -8,8 +8,8 @@ use std::collections::hash_map::Entry;
 
 use redb::{ReadableTable, Table, TableHandle, WriteTransaction};
 
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::record::{Record, RecordState};
 use crate::retention::horizon::tag;
 use crate::retention::locate::{

@@ -7,8 +7,8 @@ use redb::{
 };
 
 use crate::db::IdemDb;
+use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
 use crate::error::Error;
-use crate::meta::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
 use crate::record::{Record, RecordState};
 use crate::retention::horizon::{HORIZON, decode_tags, is_source, row_source};
 use crate::retention::partition::PartitionName;

@@ -66,7 +66,7 @@ pub fn recorded_log(database: &[u8]) -> Result<(u64, bool), String> {
         .map_err(|e| e.to_string())?;
     let read = raw.begin_read().map_err(|e| e.to_string())?;
     let meta = read
-        .open_table(crate::meta::META)
+        .open_table(crate::engine_tables::META)
         .map_err(|e| e.to_string())?;
     let recorded = crate::wal::read_log_record(&meta).map_err(|e| e.to_string())?;
     Ok((

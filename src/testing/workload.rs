@@ -12,8 +12,8 @@ use redb::{ReadableTable, TableDefinition};
 
 use crate::clock::ManualClock;
 use crate::db::IdemDb;
+use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::meta::INFLIGHT;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::{Record, RecordState};
 use crate::retention::Retention;

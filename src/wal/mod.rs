@@ -32,9 +32,7 @@ pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
 pub(crate) use scan::layout;
 pub(crate) use state::LogState;
 
-/// The log file preallocated at creation, and the step it grows by (by default): zero-filled,
-/// so that an append's `fdatasync` has no block allocation or file size to write.
-pub(crate) const GROW_STEP: u64 = 1 << 20;
+pub(crate) use crate::config::GROW_STEP;
 
 /// The log file as an open finds it.
 pub(crate) enum LogFile {

@@ -21,9 +21,9 @@ use super::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
 use super::scan::{Recorded, Seen, examine};
 use super::state::{LogState, read_losses, read_state, record_loss};
 use super::{Log, LogFile, create, log_io};
+use crate::engine_tables::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
-use crate::meta::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::record::Record;
 use crate::retention::partition::PartitionName;
 use crate::stats::LogLoss;
@@ -340,7 +340,7 @@ fn commit(
             }
         }
         meta.insert(CHECKPOINT_KEY, &checkpoint.to_le_bytes()[..])?;
-        crate::meta::write_format_version(&mut meta, how.format_version)?;
+        crate::engine_tables::write_format_version(&mut meta, how.format_version)?;
         extra(&mut meta)?;
     }
     txn.commit()?;

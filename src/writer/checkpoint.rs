@@ -12,8 +12,8 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use super::{LeaderState, Writer};
+use crate::engine_tables::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY};
 use crate::error::Error;
-use crate::meta::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY};
 use crate::stats::Counter;
 
 impl Writer {

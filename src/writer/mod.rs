@@ -86,7 +86,7 @@ impl Writer {
     /// may lead the commit on its own thread.
     pub(crate) fn submit(&self, op: WriteOp) -> Result<OpOutput, Error> {
         crate::reentry::refuse_reentry()?;
-        let span = write_span(&op);
+        let span = write_span(op.kind(), op.key());
         let _span = span.enter();
         let slot = Slot::new(false);
         let lead = {

@@ -53,6 +53,21 @@ pub(crate) enum RecordOp {
 }
 
 impl WriteOp {
+    /// What the op does, as its tracing span names it.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            WriteOp::Record { op, .. } => match op {
+                RecordOp::Reserve { .. } => "reserve",
+                RecordOp::Finish { business: None, .. } => "finish",
+                RecordOp::Finish { .. } => "finish_with",
+                RecordOp::Release { .. } => "release",
+                RecordOp::Extend { .. } => "extend",
+                RecordOp::Execute { .. } => "execute",
+            },
+            WriteOp::Run { .. } => "run",
+        }
+    }
+
     /// The record the op acts on; `None` for a `run`, which has none.
     pub(crate) fn key(&self) -> Option<&RecordKey> {
         match self {

@@ -138,7 +138,7 @@ impl Writer {
     pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
         WriteFuture {
             writer: Arc::clone(self),
-            span: write_span(&op),
+            span: write_span(op.kind(), op.key()),
             op: Some(op),
             slot: None,
         }
