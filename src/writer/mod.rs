@@ -30,11 +30,12 @@ use crate::engine::Engine;
 use crate::error::{CommitFailed, Error};
 use crate::observe::write_span;
 use crate::reentry::Committing;
+use crate::retention::records::Created;
 use crate::scope::RecordKey;
 use crate::stats::Counter;
-use crate::wal::Log;
+use crate::wal::{Effect, Log};
 
-use apply::{Ctx, Segment, apply_segment};
+use apply::{Ctx, apply_segment};
 use op::{OpOutput, WriteOp};
 use queue::{Job, Queue, Slot, SlotState};
 
@@ -242,120 +243,24 @@ impl Writer {
         engine.layout.note_write_time(now_ms);
         let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
         let closures: Vec<bool> = batch.iter().map(|j| j.op.runs_closure()).collect();
-        let segments = segments(&closures);
         let mut ops = batch.into_iter().map(|j| j.op);
-        let mut results: Vec<Result<OpOutput, Error>> = Vec::with_capacity(n);
-        let mut changed: Vec<bool> = Vec::with_capacity(n);
-        // What the committed transactions wrote, and whether all of it can be logged.
-        let mut effects = Vec::new();
-        let mut logged = true;
-        let mut committed = false;
-        for range in &segments {
+        let mut done = Committed::with_capacity(n);
+        for range in segments(&closures) {
             let seg_ops: Vec<WriteOp> = ops.by_ref().take(range.len()).collect();
-            let mut ctx = Ctx {
-                now_ms,
-                database_id: engine.database_id,
-                next_token: &mut leader.next_token,
-                limits: &engine.limits,
-                tables: &engine.tables,
-            };
-            let ceiling = (leader.token_ceiling, self.config.token_block);
-            let segment = apply_segment(engine, seg_ops, &mut ctx, ceiling);
-            let Segment {
-                txn,
-                applied,
-                ceiling,
-                created,
-                effects: seg_effects,
-                logged: seg_logged,
-            } = match segment {
-                Ok(done) => done,
-                Err(e) => return self.fail_batch(e, n),
-            };
-            let rollback = applied.iter().find(|a| a.abort).map(|a| match &a.output {
-                Err(e) => e.clone(),
-                Ok(_) => Error::Internal("rolled back without an error".into()),
-            });
-            // A transaction that changed nothing is not worth a commit.
-            let commits = rollback.is_none() && applied.iter().any(|a| a.changed);
-            let step = if commits {
-                // Visible at once, durable only with the log append (or durable commit)
-                // below: its keys are marked first. A `run` has no key; the mark still holds
-                // back `begin_read`.
-                engine
-                    .durability
-                    .mark(keys[range.clone()].iter().flatten(), seq);
-                txn.commit().map_err(Error::from)
-            } else {
-                txn.abort().map_err(Error::from)
-            };
+            let step = self.commit_segment(leader, seg_ops, &keys[range], seq, now_ms, &mut done);
             if let Err(e) = step {
                 return self.fail_batch(e, n);
             }
-            // In-memory state follows the commit (design.md, I19): the ceiling moves only
-            // with the transaction that wrote it; partitions placed by a transaction that did
-            // not commit are forgotten.
-            if commits {
-                if let Some(c) = ceiling {
-                    leader.token_ceiling = c;
-                }
-                engine
-                    .stats
-                    .add_n(Counter::ClockBehind, created.behind_newest);
-                effects.extend(seg_effects);
-                logged &= seg_logged;
-            } else {
-                for id in created.ids {
-                    engine.layout.partitions.remove(id);
-                }
-            }
-            committed |= commits;
-            for a in applied {
-                if a.beyond_horizon && rollback.is_none() {
-                    engine.stats.add(Counter::BeyondHorizon);
-                }
-                if a.execute_takeover && rollback.is_none() {
-                    engine.stats.add(Counter::Takeovers);
-                }
-                changed.push(a.changed && rollback.is_none());
-                results.push(match &rollback {
-                    // A write in this transaction failed: its neighbours were rolled back too.
-                    Some(e) if !a.abort => Err(e.clone()),
-                    _ => a.output,
-                });
-            }
         }
-        // The durability point: nobody is answered before it returned.
-        if committed {
-            let appended = if logged && crate::wal::fits(&effects) {
-                leader.log.append(&effects)
-            } else {
-                Ok(false)
-            };
-            // Otherwise one durable commit covers the batch, and every frame before it (a
-            // checkpoint): a closure wrote a table the log cannot replay, the frame would be
-            // over 1 GiB, the log had to grow for it (the commit records the new length), or
-            // the batch raised the token ceiling (the database file alone bounds every token).
-            let durable = match appended {
-                Ok(true) => Ok(()),
-                Ok(false) => self.durable_commit(leader),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = durable {
-                return self.fail_batch(e, n);
-            }
+        if done.any
+            && let Err(e) = self.durability_point(leader, &done.effects, done.logged)
+        {
+            return self.fail_batch(e, n);
         }
-        let behind = leader.log.bytes_since_checkpoint();
-        if behind >= self.config.checkpoint_bytes.saturating_mul(2) {
-            // The committer thread has fallen behind (starved of CPU): the leader takes the
-            // checkpoint itself, so the log stays near its size. This batch is durable in the
-            // log either way; a failed checkpoint poisons the engine for later writes.
-            if self.durable_commit(leader).is_err() {
-                engine.poison();
-            }
-        }
+        self.checkpoint_if_far_behind(leader);
         let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
-        if committed {
+        // Only now, after the durability point (I13): readers, marks, waiters.
+        if done.any {
             // Before anyone is answered or woken: see snapshot.rs.
             engine.snapshots.refresh();
             engine.stats.record_batch(n, started.elapsed());
@@ -363,7 +268,7 @@ impl Writer {
         engine.durability.durable(seq);
         engine.waits.notify(
             keys.iter()
-                .zip(&changed)
+                .zip(&done.changed)
                 .filter(|(_, c)| **c)
                 .filter_map(|(k, _)| k.as_ref()),
         );
@@ -371,7 +276,129 @@ impl Writer {
         if wants_checkpoint {
             self.request_checkpoint();
         }
-        results
+        done.results
+    }
+
+    /// One segment's transaction: applied, then committed (its keys marked first,
+    /// [`mark_then_commit`], I14) or rolled back, the in-memory state following it
+    /// ([`Writer::follow_commit`], I19). Its answers and what it wrote are added to `done`.
+    fn commit_segment(
+        &self,
+        leader: &mut LeaderState,
+        ops: Vec<WriteOp>,
+        keys: &[Option<RecordKey>],
+        seq: u64,
+        now_ms: u64,
+        done: &mut Committed,
+    ) -> Result<(), Error> {
+        let engine = &*self.engine;
+        let mut ctx = Ctx {
+            now_ms,
+            database_id: engine.database_id,
+            next_token: &mut leader.next_token,
+            limits: &engine.limits,
+            tables: &engine.tables,
+        };
+        let ceiling = (leader.token_ceiling, self.config.token_block);
+        let segment = apply_segment(engine, ops, &mut ctx, ceiling)?;
+        let rollback = segment
+            .applied
+            .iter()
+            .find(|a| a.abort)
+            .map(|a| match &a.output {
+                Err(e) => e.clone(),
+                Ok(_) => Error::Internal("rolled back without an error".into()),
+            });
+        // A transaction that changed nothing is not worth a commit.
+        let commits = rollback.is_none() && segment.applied.iter().any(|a| a.changed);
+        if commits {
+            mark_then_commit(engine, segment.txn, keys, seq)?;
+        } else {
+            segment.txn.abort().map_err(Error::from)?;
+        }
+        self.follow_commit(leader, commits, segment.ceiling, segment.created);
+        if commits {
+            done.effects.extend(segment.effects);
+            done.logged &= segment.logged;
+            done.any = true;
+        }
+        for a in segment.applied {
+            if a.beyond_horizon && rollback.is_none() {
+                engine.stats.add(Counter::BeyondHorizon);
+            }
+            if a.execute_takeover && rollback.is_none() {
+                engine.stats.add(Counter::Takeovers);
+            }
+            done.changed.push(a.changed && rollback.is_none());
+            done.results.push(match &rollback {
+                // A write in this transaction failed: its neighbours were rolled back too.
+                Some(e) if !a.abort => Err(e.clone()),
+                _ => a.output,
+            });
+        }
+        Ok(())
+    }
+
+    /// I19: in-memory state moves only with the commit that makes it durable. After a commit,
+    /// the token ceiling it wrote takes effect and the partitions it made behind a newer one
+    /// are counted; after a rollback, the partitions it placed in the catalog are forgotten.
+    fn follow_commit(
+        &self,
+        leader: &mut LeaderState,
+        committed: bool,
+        ceiling: Option<u64>,
+        created: Created,
+    ) {
+        let engine = &*self.engine;
+        if committed {
+            if let Some(c) = ceiling {
+                leader.token_ceiling = c;
+            }
+            engine
+                .stats
+                .add_n(Counter::ClockBehind, created.behind_newest);
+        } else {
+            for id in created.ids {
+                engine.layout.partitions.remove(id);
+            }
+        }
+    }
+
+    /// I13: the batch's durability point, before which nobody is answered. One log append
+    /// and `fdatasync` of `effects`, or one durable commit that covers the batch and every
+    /// frame before it (a checkpoint): when a closure wrote a table the log cannot replay
+    /// (`logged` false), the frame would be over 1 GiB, the log had to grow for it (the
+    /// commit records the new length), or the batch raised the token ceiling (the database
+    /// file alone bounds every token).
+    fn durability_point(
+        &self,
+        leader: &mut LeaderState,
+        effects: &[Effect],
+        logged: bool,
+    ) -> Result<(), Error> {
+        let appended = if logged && crate::wal::fits(effects) {
+            leader.log.append(effects)?
+        } else {
+            false
+        };
+        if appended {
+            Ok(())
+        } else {
+            self.durable_commit(leader)
+        }
+    }
+
+    /// The committer thread has fallen behind (starved of CPU) when the log holds twice the
+    /// checkpoint's bytes: the leader takes the checkpoint itself, so the log stays near its
+    /// size. The batch is durable in the log either way; a failed checkpoint poisons the
+    /// engine for later writes.
+    fn checkpoint_if_far_behind(&self, leader: &mut LeaderState) {
+        let behind = leader.log.bytes_since_checkpoint();
+        if behind >= self.config.checkpoint_bytes.saturating_mul(2)
+            && self.durable_commit(leader).is_err()
+        {
+            self.engine.poison();
+        }
     }
 
     /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
@@ -408,6 +435,44 @@ fn segments(runs_closure: &[bool]) -> Vec<Range<usize>> {
         out.push(start..runs_closure.len());
     }
     out
+}
+
+/// What a batch's committed transactions produced so far.
+struct Committed {
+    results: Vec<Result<OpOutput, Error>>,
+    /// Per op: it changed its record (its waiters look again).
+    changed: Vec<bool>,
+    /// What the committed transactions wrote, for the log.
+    effects: Vec<Effect>,
+    /// Every write is in `effects`.
+    logged: bool,
+    /// Some transaction committed: the batch needs a durability point.
+    any: bool,
+}
+
+impl Committed {
+    fn with_capacity(n: usize) -> Self {
+        Committed {
+            results: Vec::with_capacity(n),
+            changed: Vec::with_capacity(n),
+            effects: Vec::new(),
+            logged: true,
+            any: false,
+        }
+    }
+}
+
+/// I14: a transaction's keys are marked not yet durable before its non-durable commit makes
+/// them visible; the batch's durability point unmarks them. A `run` has no key: the mark of
+/// the batch still holds back `begin_read`.
+fn mark_then_commit(
+    engine: &Engine,
+    txn: redb::WriteTransaction,
+    keys: &[Option<RecordKey>],
+    seq: u64,
+) -> Result<(), Error> {
+    engine.durability.mark(keys.iter().flatten(), seq);
+    txn.commit().map_err(Error::from)
 }
 
 #[cfg(test)]
