@@ -24,6 +24,11 @@ pub(crate) struct DurabilityTracker {
     newest_durable: AtomicU64,
     inner: Mutex<Inner>,
     durable: Condvar,
+    /// Run once on the leader's thread right after the next keyed commit returned
+    /// (testing::after_next_commit): lets a test read while that commit is visible and not
+    /// yet durable.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) after_commit: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 #[derive(Default)]
@@ -34,7 +39,6 @@ struct Inner {
 }
 
 impl DurabilityTracker {
-    /// Marks `keys` as about to become visible before batch `seq` is durable.
     /// Marks `keys` (none for a `run`) as about to become visible before batch `seq` is
     /// durable.
     pub(crate) fn mark<'a>(&self, keys: impl Iterator<Item = &'a RecordKey>, seq: u64) {

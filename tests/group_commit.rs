@@ -416,18 +416,24 @@ fn open_logged(backend: &FaultBackend) -> Arc<IdemDb> {
     )
 }
 
+/// A database whose readers take the fallback path (the shared snapshot fails to refresh),
+/// with `k1` reserved.
+fn on_the_fallback_path_with_k1(backend: &FaultBackend) -> (Arc<IdemDb>, idemdb::Reservation) {
+    let db = open_logged(backend);
+    idemdb::testing::fail_snapshot_refresh(&db);
+    match db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap() {
+        ReserveOutcome::Acquired(r) => (db, r),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// With the shared read snapshot failing to refresh, readers open read transactions of their
 /// own, which show a batch's commit before its durability point: the durability tracker alone
 /// keeps a duplicate, a `get` and a caller's read transaction from answering it.
 #[test]
 fn on_the_fallback_read_path_nobody_answers_from_a_commit_not_yet_durable() {
     let backend = FaultBackend::new();
-    let db = open_logged(&backend);
-    idemdb::testing::fail_snapshot_refresh(&db);
-    let r = match db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap() {
-        ReserveOutcome::Acquired(r) => r,
-        other => panic!("{other:?}"),
-    };
+    let (db, r) = on_the_fallback_path_with_k1(&backend);
     // The completion commits (visible) and then waits in its durability point's sync.
     backend.hold_syncs(true);
     let completing = {
@@ -508,4 +514,34 @@ fn a_read_transaction_waits_for_the_log_frame_that_covers_what_it_shows() {
         Ok(ExecuteOutcome::Executed(_))
     ));
     assert_eq!(reader.join().unwrap().unwrap(), Some(1));
+}
+
+/// I14: a key is marked before its commit becomes visible, not after. A reader on the
+/// fallback path that starts while the commit is visible and its durability point has not
+/// run waits for that point instead of answering from the commit.
+#[test]
+fn a_commit_is_marked_before_the_fallback_read_path_can_see_it() {
+    let backend = FaultBackend::new();
+    let (db, r) = on_the_fallback_path_with_k1(&backend);
+    let (sent, seen) = std::sync::mpsc::channel();
+    let reader = Arc::clone(&db);
+    idemdb::testing::after_next_commit(&db, move || {
+        // The completion is visible and not yet durable: this thread leads its batch.
+        let getter = thread::spawn(move || reader.get(&scope(), &Key::new("k1")));
+        settle();
+        let answered_early = getter.is_finished();
+        sent.send((answered_early, getter)).unwrap();
+    });
+    db.complete(&r, b"done".to_vec()).unwrap();
+    let (answered_early, getter) = seen.recv_timeout(WAIT).unwrap();
+    assert!(
+        !answered_early,
+        "get answered from a commit whose durability point had not run"
+    );
+    let record = getter
+        .join()
+        .unwrap()
+        .unwrap()
+        .expect("the completed record");
+    assert_eq!(record.response, b"done");
 }

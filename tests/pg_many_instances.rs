@@ -118,8 +118,16 @@ async fn send(store: &PgStore, i: usize, ledger: &Mutex<Ledger>) -> Vec<u8> {
                 Err(Error::NotInProgress {
                     state: RecordState::Completed,
                 }) => {
-                    let stored = store.get(&scope(), &key(i)).await;
-                    let stored = stored.ok().flatten().map(|rec| rec.response);
+                    let stored = loop {
+                        // The read goes through the same cut connections: retried like a client.
+                        match store.get(&scope(), &key(i)).await {
+                            Ok(record) => break record.map(|rec| rec.response),
+                            Err(e) if transient(&e) => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Err(e) => panic!("intent {i}: get: {e}"),
+                        }
+                    };
                     assert_eq!(stored.as_ref(), Some(&answer), "intent {i}");
                     set_run(ledger, i, r.token(), Run::Acked);
                     ledger.lock().acked.insert(i, answer.clone());

@@ -34,6 +34,14 @@ pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
     snapshots.refresh();
 }
 
+/// Runs `hook` once, on the writer's leader thread, right after the next commit of a
+/// transaction with a record key returned: that commit is visible to a read transaction of
+/// its own and not yet durable (its batch's durability point has not run), and it waits for
+/// `hook` to return.
+pub fn after_next_commit(db: &crate::IdemDb, hook: impl FnOnce() + Send + 'static) {
+    *db.engine.durability.after_commit.lock() = Some(Box::new(hook));
+}
+
 /// What a log's bytes say, read from them alone (docs/design.md §5.6): for tests that alter a
 /// log and must know whether the change is one an open can detect.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

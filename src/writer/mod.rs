@@ -472,7 +472,14 @@ fn mark_then_commit(
     seq: u64,
 ) -> Result<(), Error> {
     engine.durability.mark(keys.iter().flatten(), seq);
-    txn.commit().map_err(Error::from)
+    txn.commit().map_err(Error::from)?;
+    #[cfg(feature = "fault-injection")]
+    if keys.iter().any(Option::is_some)
+        && let Some(hook) = engine.durability.after_commit.lock().take()
+    {
+        hook();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
