@@ -31,7 +31,6 @@ const KNOWN: &[&[&str]] = &[
         "http::service",
     ],
     &["testing", "testing::steps", "testing::workload"],
-    &["wal", "wal::recover"],
     &["writer", "writer::queue"],
 ];
 

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition};
 
 use super::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
+use super::log::{Log, LogFile, create, log_io, sync_dir};
 use super::scan::{Recorded, Seen, examine};
 use super::state::{LogState, read_losses, read_state, record_loss};
-use super::{Log, LogFile, create, log_io};
 use crate::engine_tables::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
@@ -220,7 +220,7 @@ fn create_file(path: Option<&Path>) -> Result<Box<dyn StorageBackend>, Error> {
         .create_new(true)
         .open(path)
         .map_err(|e| log_io(Some(path), "create", e))?;
-    super::sync_dir(path).map_err(|e| log_io(Some(path), "sync the directory of", e))?;
+    sync_dir(path).map_err(|e| log_io(Some(path), "sync the directory of", e))?;
     Ok(Box::new(redb::backends::FileBackend::new(file)?))
 }
 
