@@ -355,18 +355,25 @@ async fn warmed() -> (Proxy, PgStore, PgStore) {
     (proxy, through, direct)
 }
 
+/// A reservation of `k1` through a warmed store whose statement meets `cut`: it must answer
+/// `OutcomeUnknown`. The stores and the key, once the server is done with what it was sent.
+async fn reserve_cut(cut: Cut) -> (PgStore, PgStore, Key) {
+    let (proxy, through, direct) = warmed().await;
+    proxy.arm(cut);
+    let key = Key::new("k1");
+    let result = through.reserve(&scope(), &key, b"req", LEASE).await;
+    proxy.settled().await;
+    assert!(
+        matches!(result, Err(Error::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+    (through, direct, key)
+}
+
 #[test]
 fn a_reservation_cut_after_its_statement_was_sent_is_outcome_unknown_and_did_commit() {
     runtime().block_on(async {
-        let (proxy, through, direct) = warmed().await;
-        proxy.arm(Cut::AfterBind);
-        let key = Key::new("k1");
-        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
-        proxy.settled().await;
-        assert!(
-            matches!(result, Err(Error::OutcomeUnknown(_))),
-            "{result:?}"
-        );
+        let (_through, direct, key) = reserve_cut(Cut::AfterBind).await;
         // It did commit: the key is IN_PROGRESS under a lease nobody was told of.
         let rec = direct
             .get(&scope(), &key)
@@ -385,16 +392,8 @@ fn a_reservation_cut_after_its_statement_was_sent_is_outcome_unknown_and_did_com
 #[test]
 fn a_reservation_whose_statement_never_arrived_is_still_outcome_unknown() {
     runtime().block_on(async {
-        let (proxy, through, direct) = warmed().await;
         // The proxy swallows the statement: the client sent it and cannot know.
-        proxy.arm(Cut::BeforeBind);
-        let key = Key::new("k1");
-        let result = through.reserve(&scope(), &key, b"req", LEASE).await;
-        proxy.settled().await;
-        assert!(
-            matches!(result, Err(Error::OutcomeUnknown(_))),
-            "{result:?}"
-        );
+        let (through, direct, key) = reserve_cut(Cut::BeforeBind).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(direct.get(&scope(), &key).await.unwrap(), None);
         let retry = through
