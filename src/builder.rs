@@ -108,19 +108,19 @@ impl Builder {
         self
     }
 
-    /// Test support (feature `fault-injection`): how many tokens each raise of the durable
+    /// Test support (feature `test-hooks`): how many tokens each raise of the durable
     /// token ceiling reserves (default 65,536; at least 1). A small block makes every few
     /// acquisitions raise it, so that crash tests exercise that path (docs/design.md §7).
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub fn token_block(mut self, tokens: u64) -> Self {
         self.writer.token_block = tokens.max(1);
         self
     }
 
-    /// Test support (feature `fault-injection`): the write-ahead log's size when it is
+    /// Test support (feature `test-hooks`): the write-ahead log's size when it is
     /// created, and the unit it grows by (default 1 MiB; at least 1,536 bytes). A small log
     /// makes a test's disk images small and its runs grow the log often.
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub fn log_step(mut self, bytes: u64) -> Self {
         self.writer.log_step = bytes.max(1536);
         self

@@ -27,7 +27,7 @@ pub(crate) struct DurabilityTracker {
     /// Run once on the leader's thread right after the next keyed commit returned
     /// (testing::after_next_commit): lets a test read while that commit is visible and not
     /// yet durable.
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub(crate) after_commit: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 

@@ -21,7 +21,7 @@
 //!   commit).
 //!
 //! - Feature `postgres`: [`PgStore`] gives the same semantics to instances that share one
-//!   PostgreSQL database; the [`Store`] trait, the HTTP layer and [`Typed`] take either store.
+//!   PostgreSQL database; the [`Store`] trait, the HTTP layer (crate `idemdb-http`) and [`Typed`] take either store.
 //!
 //! See `docs/semantics.md` for every state × operation and `docs/design.md` for the layout.
 
@@ -41,8 +41,6 @@ mod fencing;
 mod fingerprint;
 mod guard;
 mod heartbeat;
-#[cfg(feature = "http")]
-pub mod http;
 mod inbox;
 mod log_problem;
 mod measured;
@@ -66,7 +64,8 @@ mod state;
 mod stats;
 mod store;
 mod tables;
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
 pub mod testing;
 mod timer;
 mod token;
@@ -108,13 +107,3 @@ pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use tx_table::TxTable;
 pub use typed::{Typed, TypedOutcome};
-
-/// docs/choosing.md's examples, compiled and run as doctests so they stay true.
-#[doc = include_str!("../docs/choosing.md")]
-#[cfg(doctest)]
-pub struct ChoosingDoctests;
-
-/// The README's examples, compiled and run as doctests so they stay true.
-#[doc = include_str!("../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

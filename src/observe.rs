@@ -12,9 +12,15 @@ pub(crate) type Span = tracing::Span;
 #[derive(Clone, Copy)]
 pub(crate) struct Span;
 
+/// What entering a [`Span`] gives back without tracing: nothing to exit.
+#[cfg(not(feature = "tracing"))]
+pub(crate) struct Entered;
+
 #[cfg(not(feature = "tracing"))]
 impl Span {
-    pub(crate) fn enter(&self) {}
+    pub(crate) fn enter(&self) -> Entered {
+        Entered
+    }
 }
 
 /// The span of a write (`kind`: what it does; `key`: its record, if it has one), from queueing

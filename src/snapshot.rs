@@ -104,7 +104,7 @@ pub(crate) struct Snapshots {
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
     /// Tests make every refresh fail, to exercise the fallback (testing::fail_snapshot_refresh).
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub(crate) fail_refresh: std::sync::atomic::AtomicBool,
 }
 
@@ -114,7 +114,7 @@ impl Snapshots {
             db,
             layout,
             shards: std::array::from_fn(|_| Shard(RwLock::new(None))),
-            #[cfg(feature = "fault-injection")]
+            #[cfg(feature = "test-hooks")]
             fail_refresh: std::sync::atomic::AtomicBool::new(false),
         };
         snapshots.refresh();
@@ -124,7 +124,7 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
-        #[cfg(feature = "fault-injection")]
+        #[cfg(feature = "test-hooks")]
         if self.fail_refresh.load(std::sync::atomic::Ordering::SeqCst) {
             for shard in &self.shards {
                 *shard.0.write() = None;

@@ -26,9 +26,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idemdb::ManualClock;
-use idemdb::testing::{
-    Checkpoints, FaultBackend, KeyLog, LogLayout, SECTOR, Script, Step, TearMode, check_recovered,
-    check_recovered_or_refused, check_tokens_after_loss, open_workload_as, recorded_log, run_steps,
+use idemdb::testing::{LogLayout, recorded_log};
+use idemdb_testkit::{
+    Checkpoints, FaultBackend, KeyLog, SECTOR, Script, Step, TearMode, check_recovered,
+    check_recovered_or_refused, check_tokens_after_loss, open_workload_as, run_steps,
 };
 use libfuzzer_sys::fuzz_target;
 

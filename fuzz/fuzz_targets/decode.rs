@@ -13,8 +13,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use idemdb::testing::{DECODERS, FaultBackend, decode_any};
+use idemdb::testing::{DECODERS, decode_any};
 use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
+use idemdb_testkit::FaultBackend;
 use libfuzzer_sys::fuzz_target;
 
 /// The database after a clean close, and the database and log as a crash left them.

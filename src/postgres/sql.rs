@@ -3,7 +3,7 @@
 /// The store's time, ms since the epoch, as the CTE `clock (now_ms)`: the server's clock, read
 /// once by the statement that judges or writes with it (a CTE with a volatile function is
 /// evaluated once). No instance's clock enters a record. `idemdb_meta.frozen_now_ms` is NULL
-/// except in tests, which set it to move time by hand (`testing::postgres::ServerClock`).
+/// except in tests, which set it to move time by hand (`idemdb_testkit::postgres::ServerClock`).
 macro_rules! clock {
     () => {
         "clock AS (SELECT COALESCE(m.frozen_now_ms, \

@@ -1,21 +1,67 @@
-//! Test support (feature `fault-injection`): a fault-injecting, power-loss-simulating redb
-//! [`StorageBackend`](redb::StorageBackend), and a crash workload with a model of what was
-//! acknowledged, shared by the crash tests and the fuzz targets.
+//! Hooks into the engine's internals (feature `test-hooks`), for `idemdb-testkit`'s crash
+//! workloads, idemdb's own tests and the fuzz targets. Not part of the API: hidden from the
+//! docs, no semver promise, never turned on by a shipped crate.
 
-mod backend;
 mod decoders;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-mod steps;
-mod workload;
 
-pub use backend::{Fate, Fault, FaultBackend, SECTOR, TearMode};
 pub use decoders::{DECODERS, decode_any, decode_seeds};
-pub use steps::{Step, run_steps};
-pub use workload::{
-    Checkpoints, CrashCheck, KeyLog, Script, check_recovered, check_recovered_or_refused,
-    check_tokens_after_loss, open_workload, open_workload_as, run_script, run_workload,
-};
+
+use redb::{ReadTransaction, TableDefinition};
+
+/// The table of IN_PROGRESS records (docs/design.md §5.1), for checks of a database's contents.
+pub const INFLIGHT: TableDefinition<'static, &[u8], &[u8]> = crate::engine_tables::INFLIGHT;
+
+/// The horizon rows of dropped partitions (docs/design.md §5.4).
+pub const HORIZON: TableDefinition<'static, &[u8], &[u8]> = crate::retention::horizon::HORIZON;
+
+/// The names of the partition tables `read` holds, oldest first.
+pub fn partition_tables(read: &ReadTransaction) -> Result<Vec<String>, crate::Error> {
+    crate::retention::partition::partition_tables(read)
+}
+
+/// Reserves every key of `keys` as one group of calls queued together (`call_many`): the batch
+/// that as many callers arriving at once make, in one group commit where they fit.
+pub fn reserve_many(
+    db: &crate::IdemDb,
+    scope: &crate::Scope,
+    keys: &[crate::Key],
+    payload: &[u8],
+    lease: std::time::Duration,
+) -> Vec<Result<crate::ReserveOutcome, crate::Error>> {
+    let calls = keys
+        .iter()
+        .map(|key| db.prepare_reserve(scope, key, payload.into(), lease))
+        .collect();
+    db.call_many(calls)
+}
+
+/// An owner call for [`finish_many`].
+#[derive(Debug)]
+pub enum Finish {
+    /// `complete` with this response.
+    Complete(Vec<u8>),
+    /// `fail` with this response.
+    Fail(Vec<u8>),
+    /// `release`.
+    Release,
+}
+
+/// Runs the owner calls as one group queued together, like [`reserve_many`].
+pub fn finish_many(
+    db: &crate::IdemDb,
+    calls: Vec<(&crate::Reservation, Finish)>,
+) -> Vec<Result<(), crate::Error>> {
+    use crate::record::RecordState;
+    let calls = calls
+        .into_iter()
+        .map(|(res, finish)| match finish {
+            Finish::Complete(body) => db.prepare_finish(res, RecordState::Completed, body),
+            Finish::Fail(body) => db.prepare_finish(res, RecordState::Failed, body),
+            Finish::Release => db.prepare_release(res),
+        })
+        .collect();
+    db.call_many(calls)
+}
 
 /// Operations queued for the writer and not yet taken into a batch: lets a test line up a
 /// batch without sleeping.
@@ -68,9 +114,14 @@ impl LogLayout {
 /// What a database file's durable image records of its log: the checkpoint (the last frame it
 /// holds), and whether it was in use (not closed cleanly). Read with redb alone.
 pub fn recorded_log(database: &[u8]) -> Result<(u64, bool), String> {
-    use redb::ReadableDatabase;
+    use redb::{ReadableDatabase, StorageBackend};
+    let backend = redb::backends::InMemoryBackend::new();
+    backend
+        .set_len(database.len() as u64)
+        .and_then(|()| backend.write(0, database))
+        .map_err(|e| e.to_string())?;
     let raw = redb::Builder::new()
-        .create_with_backend(FaultBackend::from_image(database.to_vec()))
+        .create_with_backend(backend)
         .map_err(|e| e.to_string())?;
     let read = raw.begin_read().map_err(|e| e.to_string())?;
     let meta = read

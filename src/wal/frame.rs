@@ -318,7 +318,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// For the `decode` fuzz target (testing::decoders): the log's decoders on any bytes, and
 /// valid samples.
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 pub(crate) mod fuzz {
     use super::*;
 

@@ -15,13 +15,14 @@ mod state;
 
 pub(crate) use frame::Effect;
 pub(crate) use frame::fits;
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 pub(crate) use frame::fuzz;
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 pub(crate) use recover::read_log_record;
 pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 pub(crate) use scan::layout;
+#[cfg(feature = "test-hooks")]
 pub(crate) use state::LogState;
 
 pub(crate) use log::{Log, LogFile, LogGauges, log_io, sync_dir};

@@ -113,7 +113,7 @@ impl Seen {
 
 /// For tests (`testing::LogLayout`): the checkpoint the cycle sector holds, and the run's
 /// frames as (offset, length, sequence number), read from a log's bytes alone.
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 pub(crate) fn layout(bytes: &[u8]) -> (Option<u64>, Vec<(u64, u64, u64)>) {
     let database_id = match decode_header(bytes) {
         Header::Of { database_id, .. } => database_id,

@@ -473,7 +473,7 @@ fn mark_then_commit(
 ) -> Result<(), Error> {
     engine.durability.mark(keys.iter().flatten(), seq);
     txn.commit().map_err(Error::from)?;
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     if keys.iter().any(Option::is_some)
         && let Some(hook) = engine.durability.after_commit.lock().take()
     {

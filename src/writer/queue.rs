@@ -144,7 +144,7 @@ impl Writer {
         }
     }
 
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn queued(&self) -> usize {
         self.queue.lock().jobs.len()
     }

@@ -1,0 +1,221 @@
+//! Set-up shared by the scenario tests.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemdb::redb::{ReadableTableMetadata, TableDefinition, TableError};
+use idemdb::{Error, IdemDb, ManualClock, Reservation, ReserveOutcome, Retention};
+use idemdb_testkit::FaultBackend;
+use tempfile::TempDir;
+
+/// The manual clock's start: a fixed instant, so lease arithmetic in assertions is exact.
+pub const T0: u64 = 1_700_000_000_000;
+
+/// The scenario tests' usual lease: assertions spell it out as `T0 + 30_000`.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// The file [`setup`] and [`setup_retained`] open in their directory.
+pub fn db_path(dir: &TempDir) -> PathBuf {
+    dir.path().join("test.idemdb")
+}
+
+/// A temporary directory, the database file's path in it (not opened yet) and a manual clock
+/// at [`T0`]: for tests that close and reopen the file.
+pub fn reopenable() -> (TempDir, PathBuf, ManualClock) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    (dir, path, ManualClock::new(T0))
+}
+
+/// A fresh database in a temporary directory on a manual clock at [`T0`].
+pub fn setup() -> (TempDir, ManualClock, IdemDb) {
+    let (dir, path, clock) = reopenable();
+    let db = open_on(&path, &clock);
+    (dir, clock, db)
+}
+
+/// [`setup`] with `retention`.
+pub fn setup_retained(retention: Retention) -> (TempDir, ManualClock, IdemDb) {
+    let (dir, path, clock) = reopenable();
+    let db = open_retained(&path, &clock, retention);
+    (dir, clock, db)
+}
+
+/// A fresh database in a temporary directory on the system clock, with the defaults.
+pub fn fresh() -> (TempDir, IdemDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = IdemDb::open(db_path(&dir)).unwrap();
+    (dir, db)
+}
+
+/// [`fresh`], shared between threads or tasks.
+pub fn fresh_shared() -> (TempDir, Arc<IdemDb>) {
+    let (dir, db) = fresh();
+    (dir, Arc::new(db))
+}
+
+/// A database with the defaults over `backend` (one handle of it: the test keeps another to
+/// inject faults or read the image).
+pub fn on_backend(backend: &FaultBackend) -> IdemDb {
+    IdemDb::builder()
+        .open_with_backend(backend.clone(), backend.log())
+        .unwrap()
+}
+
+/// The database at `path` on `clock`, with the default retention.
+pub fn open_on(path: &Path, clock: &ManualClock) -> IdemDb {
+    IdemDb::builder().clock(clock.clone()).open(path).unwrap()
+}
+
+/// The reservation of an `Acquired` outcome; panics on any other.
+pub fn acquired(outcome: ReserveOutcome) -> Reservation {
+    match outcome {
+        ReserveOutcome::Acquired(r) => r,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// A database at `path` on `clock` with `retention` (no background compactor unless the
+/// retention asks for one).
+pub fn open_retained(path: &Path, clock: &ManualClock, retention: Retention) -> IdemDb {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(retention)
+        .open(path)
+        .unwrap()
+}
+
+/// Minute-scale retention for tests: 1-minute partitions, the given default TTL, no
+/// background compactor.
+pub fn minutes(ttl_minutes: u64) -> Retention {
+    Retention::default()
+        .ttl(Duration::from_secs(60 * ttl_minutes))
+        .partition_width(Duration::from_secs(60))
+        .compact_interval(None)
+}
+
+/// The partition tables of the closed database at `path`, read through redb alone.
+pub fn partition_tables(path: &Path) -> Vec<String> {
+    use idemdb::redb::{ReadableDatabase, TableHandle};
+    let db = idemdb::redb::Database::open(path).unwrap();
+    let read = db.begin_read().unwrap();
+    read.list_tables()
+        .unwrap()
+        .map(|t| t.name().to_string())
+        .filter(|n| n.starts_with("idemdb_p_"))
+        .collect()
+}
+
+/// The first partition table of the closed database at `path`; panics if it has none.
+pub fn first_partition(path: &Path) -> String {
+    partition_tables(path).into_iter().next().unwrap()
+}
+
+/// The `format_version` meta entry of the closed database at `path`.
+pub fn format_version(path: &Path) -> Option<Vec<u8>> {
+    use idemdb::redb::ReadableDatabase;
+    const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
+    let db = idemdb::redb::Database::open(path).unwrap();
+    let read = db.begin_read().unwrap();
+    let meta = read.open_table(META).unwrap();
+    meta.get("format_version")
+        .unwrap()
+        .map(|v| v.value().to_vec())
+}
+
+/// The business row `key` of `table`, read through a durable snapshot; `None` if absent (or
+/// if the table was never created).
+pub fn business_row(db: &IdemDb, table: TableDefinition<&str, u64>, key: &str) -> Option<u64> {
+    let txn = db.begin_read().unwrap();
+    match txn.open_table(table) {
+        Ok(table) => table.get(key).unwrap().map(|v| v.value()),
+        Err(TableError::TableDoesNotExist(_)) => None,
+        Err(e) => panic!("unexpected table error: {e}"),
+    }
+}
+
+/// How many business rows `table` holds; 0 if the table was never created.
+pub fn business_row_count(db: &IdemDb, table: TableDefinition<&str, u64>) -> u64 {
+    let txn = db.begin_read().unwrap();
+    match txn.open_table(table) {
+        Ok(table) => table.len().unwrap(),
+        Err(TableError::TableDoesNotExist(_)) => 0,
+        Err(e) => panic!("unexpected table error: {e}"),
+    }
+}
+
+/// A business closure's own error type: a refusal of its own, or a database error.
+#[derive(Debug, PartialEq)]
+pub enum AppError {
+    Rejected(u32),
+    Db(String),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Db(e.to_string())
+    }
+}
+
+impl From<idemdb::redb::StorageError> for AppError {
+    fn from(e: idemdb::redb::StorageError) -> Self {
+        AppError::Db(e.to_string())
+    }
+}
+
+/// Builds the example `name` in this test's profile (a no-op when it is fresh) and finds it.
+pub fn example_binary(name: &str) -> PathBuf {
+    built().join("examples").join(name)
+}
+
+/// Builds the operator CLI (package idemdb-cli, binary `idemdb`) in this test's profile and
+/// finds it: an integration test of another package gets no `CARGO_BIN_EXE_` for it.
+pub fn cli_binary() -> PathBuf {
+    built().join("idemdb")
+}
+
+/// Builds the CLI and the examples the tests run, once per test process, and returns the
+/// profile's directory. It builds as `cargo test --workspace --all-features` does (the whole
+/// workspace's features, dev-dependencies included), so that after that command it is a
+/// no-op, not a second build of the engine with other features.
+fn built() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // Tests run from target/<profile>/deps.
+            let exe = std::env::current_exe().unwrap();
+            let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut build = std::process::Command::new(cargo);
+            build
+                .args(["build", "--workspace", "--all-features", "--bin", "idemdb"])
+                .args(["--example", "crash_worker", "--example", "edge_service"])
+                .arg("--manifest-path")
+                .arg(workspace);
+            if profile_dir.ends_with("release") {
+                build.arg("--release");
+            }
+            assert!(
+                build.status().unwrap().success(),
+                "building the CLI and the examples failed"
+            );
+            profile_dir
+        })
+        .clone()
+}
+
+/// The disk as a power loss right after the last acknowledged call on `db` leaves it: both
+/// files as their last syncs left them. `db` is dropped on the dead disk.
+pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
+    let disk = backend.durable_disk();
+    backend.kill();
+    drop(db);
+    disk
+}
+pub mod chaos;
+pub mod stores;
+pub mod worker;
