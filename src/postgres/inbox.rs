@@ -5,7 +5,7 @@
 use super::errors::{Step, pool};
 use super::execute::{Done, Keyed, PgFuture, PgTx, Ran, conflict};
 use super::reserve::prepared;
-use super::{Inner, PgStore};
+use super::store::{Inner, PgStore};
 use crate::error::{Error, ExecuteError};
 use crate::inbox::{Consumed, INBOX_PAYLOAD, consumed, names};
 use crate::outcome::{ExecuteOutcome, Outcome};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Inner;
+use super::store::Inner;
 use tokio_postgres::types::ToSql;
 
 use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Inner;
 use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};
 use super::rows::{
     Found, KeyParts, NEWEST, fingerprint_bytes, newest, stored_ms, token_from, token_value,
 };
 use super::sql::{clock, key_is_params, span};
+use super::store::Inner;
 use crate::decide::{Decision, decide};
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};

@@ -1,4 +1,4 @@
-//! The schema, created and upgraded by [`PgStoreBuilder::migrate`](super::PgStoreBuilder::migrate),
+//! The schema, created and upgraded by [`PgStoreBuilder::migrate`](crate::PgStoreBuilder::migrate),
 //! versioned in `idemdb_meta`. docs/design.md §14 describes every table.
 
 use tokio_postgres::error::SqlState;

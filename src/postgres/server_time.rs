@@ -1,6 +1,6 @@
 //! What this instance last learnt of the store's time (the server's clock, as statements read
 //! it): an estimate of it now, to choose the partitions to make ahead of a write, and how far
-//! the instance's own clock is from it, for [`PgStats`](super::PgStats). No judgement of a
+//! the instance's own clock is from it, for [`PgStats`](crate::PgStats). No judgement of a
 //! lease or an expiry reads either: those are made by the statements, on the server.
 
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -16,7 +16,7 @@ use crate::error::{Error, ExecuteError};
 use crate::outcome::{ExecuteOutcome, ReserveOutcome};
 use crate::stats::{COUNTERS, Counter, Histogram};
 
-/// A snapshot of [`PgStore::stats`](super::PgStore::stats): answers since connect, as the
+/// A snapshot of [`PgStore::stats`](crate::PgStore::stats): answers since connect, as the
 /// embedded engine's `Stats` counts them, and the connection pool now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -2,7 +2,7 @@
 //! `disable` (plain), `prefer` (TLS if the server offers it, unverified; the default),
 //! `require` (TLS, unverified), `verify-ca` (TLS, the certificate chains to a trusted root),
 //! `verify-full` (and names the host connected to). Trusted roots: the CA certificates given
-//! ([`PgStoreBuilder::tls_root_certificates`](super::PgStoreBuilder::tls_root_certificates),
+//! ([`PgStoreBuilder::tls_root_certificates`](crate::PgStoreBuilder::tls_root_certificates),
 //! or `sslrootcert=<file>` in the string), else the operating system's.
 //!
 //! tokio-postgres knows neither `verify-*` nor `sslrootcert`: both are taken out of the string

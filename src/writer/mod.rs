@@ -14,6 +14,7 @@
 
 mod apply;
 mod checkpoint;
+mod committer;
 mod exclusive;
 pub(crate) mod op;
 mod queue;

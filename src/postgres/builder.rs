@@ -1,0 +1,222 @@
+//! Building a [`PgStore`]: the connection settings, the schema's migration, and `connect`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Limits;
+use crate::error::Error;
+use crate::postgres::errors::{self, database};
+use crate::postgres::partitions::Partitions;
+use crate::postgres::schema;
+use crate::postgres::server_time::ServerTime;
+use crate::postgres::stats;
+use crate::postgres::store::{Inner, PgStore, compactor, record_fits};
+use crate::postgres::tls;
+use crate::postgres::wait::{self, Waits};
+use crate::retention::Retention;
+
+/// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
+/// engine (retention, limits).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemdb::Error> {
+/// use idemdb::PgStore;
+/// let builder = PgStore::builder("postgres://app@db.internal/shop")?.pool_size(32);
+/// builder.migrate().await?; // once per deploy, or at every start: it is idempotent
+/// let store = builder.connect().await?;
+/// # Ok(()) }
+/// ```
+pub struct PgStoreBuilder {
+    config: tokio_postgres::Config,
+    tls: tls::Mode,
+    tls_roots: Option<Vec<u8>>,
+    pool_size: usize,
+    retention: Retention,
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+    wait_poll: Duration,
+    pool_wait: Duration,
+}
+
+impl PgStore {
+    /// A builder for the database at `url` (a libpq connection string or URL). TLS is as
+    /// its `sslmode` says, with libpq's meanings: `disable`, `prefer` (the default: TLS when
+    /// the server offers it, unverified), `require` (TLS, unverified), `verify-ca` (the
+    /// server's certificate chains to a trusted root) or `verify-full` (and names the host):
+    /// use `verify-full` across any network you do not control. Trusted roots are the
+    /// operating system's, or the PEM file of `sslrootcert=<path>`, or those given to
+    /// [`tls_root_certificates`](PgStoreBuilder::tls_root_certificates).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), idemdb::Error> {
+    /// let ca = std::fs::read("/etc/ssl/db-ca.pem").unwrap();
+    /// let builder = idemdb::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
+    ///     .tls_root_certificates(ca);
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(url: &str) -> Result<PgStoreBuilder, Error> {
+        let split = tls::split(url)?;
+        let mut config: tokio_postgres::Config = split.rest.parse().map_err(database)?;
+        config.ssl_mode(split.mode.driver());
+        let tls_roots = match split.root_file.as_deref() {
+            None | Some("system") => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::Database(Arc::new(std::io::Error::new(
+                    e.kind(),
+                    format!("sslrootcert {path}: {e}"),
+                )))
+            })?),
+        };
+        Ok(PgStoreBuilder {
+            config,
+            tls: split.mode,
+            tls_roots,
+            pool_size: 16,
+            // Every read of a key probes each partition's index (the partition key is not
+            // the record key), so fewer, wider partitions than the embedded default.
+            retention: Retention::default()
+                .partition_width(PgStoreBuilder::DEFAULT_PARTITION_WIDTH),
+            limits: Limits::default(),
+            clock: Arc::new(SystemClock),
+            wait_poll: Duration::from_secs(1),
+            pool_wait: Duration::from_secs(30),
+        })
+    }
+}
+
+impl PgStoreBuilder {
+    /// The partition width of a store built without [`retention`](Self::retention): a
+    /// quarter of the default 24 h TTL, so that about six partitions hold the live records.
+    pub const DEFAULT_PARTITION_WIDTH: Duration = Duration::from_secs(6 * 3600);
+
+    /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust, instead of the
+    /// operating system's roots or the URL's `sslrootcert`.
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots = Some(pem.into());
+        self
+    }
+
+    fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, Error> {
+        tls::connector(self.tls, self.tls_roots.as_deref())
+    }
+
+    /// Connections in the pool (default 16). Each operation holds one for its statements;
+    /// `execute` and `complete_with` hold one while their closure runs.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long a call waits for a pooled connection before it fails with
+    /// [`Error::Database`] (default 30 s), so that an exhausted pool (or an unreachable
+    /// server) answers instead of hanging.
+    pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_wait = timeout;
+        self
+    }
+
+    /// Retention: TTL per operation, partition width, beyond-horizon policy and the
+    /// compactor's interval (see docs/semantics.md for what differs from the embedded
+    /// engine). Keep the partition width the same for a database. Every read of a key
+    /// probes each live partition, so choose a width near a quarter of the longest TTL
+    /// (the default without this call is
+    /// [`DEFAULT_PARTITION_WIDTH`](Self::DEFAULT_PARTITION_WIDTH), 6 h).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Input limits (lengths of keys, scopes and responses).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// This instance's clock (default: the system clock). The store judges no lease and no
+    /// expiry by it, and writes no time from it: every time is the server's, read by the
+    /// statement that acts on it, so instances whose clocks disagree (by minutes or days)
+    /// still run each intent once. It is only compared with the server's, for
+    /// [`PgStats::clock_skew_ms`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How often a waiting duplicate looks again even without a notification (default 1 s):
+    /// the fallback when a notification is lost (a listener reconnecting).
+    pub fn wait_poll_interval(mut self, interval: Duration) -> Self {
+        self.wait_poll = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Creates idemdb's tables, or upgrades them, and returns the schema version now in
+    /// place. Idempotent, and safe to run from several instances at once. Refuses a schema
+    /// of a newer build with [`Error::UnsupportedFormat`].
+    pub async fn migrate(&self) -> Result<u32, Error> {
+        let (mut client, connection) = self.config.connect(self.tls()?).await.map_err(database)?;
+        let driver = tokio::spawn(connection);
+        let version = schema::migrate(&mut client).await;
+        drop(client);
+        let _ = driver.await;
+        version.map(i32::unsigned_abs)
+    }
+
+    /// Connects: opens the pool, reads the database's identity and fingerprint secret, starts
+    /// the listener for waiting duplicates and (unless the retention's `compact_interval` is
+    /// `None`) the compactor, as tasks on the current tokio runtime. The schema must be
+    /// migrated ([`migrate`](Self::migrate)).
+    pub async fn connect(self) -> Result<PgStore, Error> {
+        self.retention.validate()?;
+        self.limits.validate()?;
+        record_fits(&self.limits)?;
+        let tls = self.tls()?;
+        let manager = deadpool_postgres::Manager::from_config(
+            self.config.clone(),
+            tls.clone(),
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(self.pool_size)
+            .wait_timeout(Some(self.pool_wait))
+            .create_timeout(Some(self.pool_wait))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| Error::Database(Arc::new(e)))?;
+        let (meta, server_ms) = {
+            let client = pool.get().await.map_err(errors::pool)?;
+            let meta = schema::Meta::read(&client).await?;
+            (meta, schema::server_now(&client).await?)
+        };
+        let rules = self.retention.rules();
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal("PgStore connected outside a tokio runtime".into()))?;
+        let counters = stats::Counters::new(pool.clone());
+        let inner = Arc::new(Inner {
+            runtime,
+            partitions: Partitions::new(rules.width_ms),
+            pool,
+            database_id: meta.database_id,
+            fingerprinter: meta.fingerprinter,
+            limits: self.limits,
+            retention: self.retention,
+            rules,
+            server: ServerTime::new(server_ms, self.clock.now_ms()),
+            clock: self.clock,
+            waits: Arc::new(Waits::default()),
+            wait_poll: self.wait_poll,
+            counters,
+        });
+        let mut tasks = vec![tokio::spawn(wait::listen(
+            self.config,
+            tls,
+            Arc::downgrade(&inner.waits),
+        ))];
+        if let Some(every) = inner.retention.compact_interval {
+            tasks.push(tokio::spawn(compactor(Arc::downgrade(&inner), every)));
+        }
+        Ok(PgStore { inner, tasks })
+    }
+}

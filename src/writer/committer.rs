@@ -1,0 +1,187 @@
+//! The async side of the writer: the future an async caller awaits, the committer thread
+//! that leads for async callers and drains the queue at shutdown, and the detached release of
+//! an acquisition whose future was dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::observe::{Span, write_span};
+use crate::token::Reservation;
+use crate::writer::Writer;
+use crate::writer::op::{OpOutput, RecordOp, WriteOp};
+use crate::writer::queue::{Job, Queue, Slot, SlotState, acquired};
+
+impl Writer {
+    /// Queues `op` for an async caller; the future resolves once its batch is durable.
+    /// Dropping the future does not withdraw a queued op: it still runs, unanswered.
+    pub(crate) fn submit_async(self: &Arc<Self>, op: WriteOp) -> WriteFuture {
+        WriteFuture {
+            writer: Arc::clone(self),
+            span: write_span(op.kind(), op.key()),
+            op: Some(op),
+            slot: None,
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.lock().jobs.len()
+    }
+
+    pub(super) fn refusing(&self, queue: &Queue) -> bool {
+        queue.shutdown || self.engine.is_poisoned()
+    }
+
+    pub(super) fn check_open(&self, queue: &Queue) -> Result<(), Error> {
+        if self.engine.is_poisoned() {
+            return Err(self.engine.refusal());
+        }
+        if queue.shutdown {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// Queues the release of an acquisition nobody will receive, with no one waiting for it;
+    /// the committer leads for it if no leader is active.
+    pub(super) fn release_detached(&self, reservation: &Reservation) {
+        let mut queue = self.queue.lock();
+        if queue.shutdown && !queue.leader_active {
+            return; // Closed: nobody would commit it; the lease runs out instead.
+        }
+        queue.jobs.push_back(Job {
+            op: WriteOp::Record {
+                key: reservation.record_key.clone(),
+                op: RecordOp::Release {
+                    token: reservation.token,
+                },
+            },
+            slot: Slot::new(true),
+        });
+        if !std::mem::replace(&mut queue.leader_active, true) {
+            queue.committer_requested = true;
+            self.committer.notify_one();
+        }
+    }
+
+    /// The committer thread's loop: leads for async callers until shutdown, then drains.
+    pub(crate) fn run_committer(&self) {
+        let interval = self.config.checkpoint_interval;
+        let mut queue = self.queue.lock();
+        let mut next_checkpoint = Instant::now() + interval;
+        loop {
+            if std::mem::take(&mut queue.committer_requested) {
+                drop(queue);
+                self.lead();
+                queue = self.queue.lock();
+                continue;
+            }
+            if std::mem::take(&mut queue.checkpoint_requested) || Instant::now() >= next_checkpoint
+            {
+                drop(queue);
+                // A failure poisoned the writer: later writes are refused with it.
+                let _ = self.checkpoint();
+                next_checkpoint = Instant::now() + interval;
+                queue = self.queue.lock();
+                continue;
+            }
+            if queue.shutdown && !queue.leader_active {
+                return;
+            }
+            self.committer.wait_until(&mut queue, next_checkpoint);
+        }
+    }
+
+    /// Refuses new ops; the committer thread answers what is queued and then returns.
+    pub(crate) fn shutdown(&self) {
+        let mut queue = self.queue.lock();
+        queue.shutdown = true;
+        self.committer.notify_one();
+        self.room.notify_all();
+        for w in std::mem::take(&mut queue.room_wakers) {
+            w.wake();
+        }
+    }
+}
+
+/// The answer to an async caller's queued op.
+pub(crate) struct WriteFuture {
+    writer: Arc<Writer>,
+    op: Option<WriteOp>,
+    slot: Option<Arc<Slot>>,
+    span: Span,
+}
+
+impl Future for WriteFuture {
+    type Output = Result<OpOutput, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        // Entered for this poll only: the future stays Send.
+        let _span = this.span.enter();
+        if let Some(op) = this.op.take() {
+            let writer = &this.writer;
+            let mut queue = writer.queue.lock();
+            if let Err(e) = writer.check_open(&queue) {
+                return Poll::Ready(Err(e));
+            }
+            if queue.jobs.len() >= writer.config.max_queue {
+                queue.room_wakers.push(cx.waker().clone());
+                this.op = Some(op);
+                return Poll::Pending;
+            }
+            let slot = Slot::new(true);
+            slot.inner.lock().waker = Some(cx.waker().clone());
+            queue.jobs.push_back(Job {
+                op,
+                slot: Arc::clone(&slot),
+            });
+            if !std::mem::replace(&mut queue.leader_active, true) {
+                queue.committer_requested = true;
+                writer.committer.notify_one();
+            }
+            this.slot = Some(slot);
+            return Poll::Pending;
+        }
+        let Some(slot) = &this.slot else {
+            return Poll::Ready(Err(Error::Closed));
+        };
+        let mut inner = slot.inner.lock();
+        match std::mem::replace(&mut inner.state, SlotState::Taken) {
+            SlotState::Done(result) => Poll::Ready(result),
+            pending => {
+                inner.state = pending;
+                inner.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for WriteFuture {
+    /// A future dropped after its op was queued: the op still commits. If it acquires a key,
+    /// nobody would own it until the lease ran out, so it is released.
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let orphan = {
+            let mut inner = slot.inner.lock();
+            match std::mem::replace(&mut inner.state, SlotState::Taken) {
+                SlotState::Done(result) => acquired(result),
+                pending => {
+                    inner.state = pending;
+                    inner.abandoned = true;
+                    None
+                }
+            }
+        };
+        if let Some(reservation) = orphan {
+            self.writer.release_detached(&reservation);
+        }
+    }
+}
