@@ -103,7 +103,8 @@ pub(super) struct Segment {
     pub(super) logged: bool,
 }
 
-/// Opens a transaction and applies `ops` to it in order, leaving it uncommitted. It will
+/// Opens a transaction and applies `ops` to it in queue order (I18: tokens of one batch
+/// increase in that order), leaving it uncommitted. It will
 /// commit with `Durability::None`: the log, or a durable commit after it, is its durability.
 pub(super) fn apply_segment(
     engine: &Engine,
@@ -121,18 +122,12 @@ pub(super) fn apply_segment(
         }
         records.finish()
     };
-    // Every token in a committed record must be below a ceiling committed with it (or
-    // before it). Tokens of an acquisition that rolls back are skipped, never exposed. A
-    // raised ceiling is not logged: the batch takes a durable commit, so that the database
-    // file alone bounds every token ever issued, whatever happens to the log.
     let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
-    let mut ceiling = None;
-    if commits && *ctx.next_token > token_ceiling {
-        let raised = ctx.next_token.saturating_add(token_block);
-        txn.open_table(META)?
-            .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
-        ceiling = Some(raised);
-    }
+    let ceiling = if commits {
+        raise_token_ceiling(&txn, *ctx.next_token, token_ceiling, token_block)?
+    } else {
+        None
+    };
     let mut logged = ceiling.is_none();
     for a in &mut applied {
         logged &= !a.business.unlogged;
@@ -146,6 +141,27 @@ pub(super) fn apply_segment(
         effects,
         logged,
     })
+}
+
+/// I7: every token in a committed record is below a ceiling committed with it or before it.
+/// When the transaction's acquisitions reached `ceiling`, it writes `next_token + block` as
+/// the new one (returned, to take effect in memory once it commits, I19). A raised ceiling is
+/// not logged: the batch takes a durable commit (`Writer::durability_point`), so that the
+/// database file alone bounds every token ever issued, whatever happens to the log. Tokens
+/// of an acquisition that rolls back are skipped, never exposed.
+fn raise_token_ceiling(
+    txn: &WriteTransaction,
+    next_token: u64,
+    ceiling: u64,
+    block: u64,
+) -> Result<Option<u64>, Error> {
+    if next_token <= ceiling {
+        return Ok(None);
+    }
+    let raised = next_token.saturating_add(block);
+    txn.open_table(META)?
+        .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
+    Ok(Some(raised))
 }
 
 pub(crate) fn apply(
@@ -337,8 +353,9 @@ enum Claim {
     },
 }
 
-/// Decides on the live record, and acquires the key if the decision says so: a fresh record,
-/// or the takeover of an expired lease, with a new token.
+/// I12: decides on the live record and acquires the key if the decision says so (a fresh
+/// record, or the takeover of an expired lease, with a new token), reading and writing in the
+/// same write transaction.
 fn claim(
     found: Found,
     fingerprint: crate::fingerprint::Fingerprint,

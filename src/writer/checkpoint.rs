@@ -49,8 +49,8 @@ impl Writer {
         self.commit_as_checkpoint(txn, &mut leader, false)
     }
 
-    /// One durable redb commit: it covers every `Durability::None` commit before it and
-    /// records the newest frame, after which the log starts over. The caller holds the leader
+    /// I21: one durable redb commit: it covers every `Durability::None` commit before it and
+    /// records the newest frame in `log_checkpoint`, after which the log starts over. The caller holds the leader
     /// lock and poisons the engine on an error.
     pub(super) fn durable_commit(&self, leader: &mut LeaderState) -> Result<(), Error> {
         self.commit_as_checkpoint(self.begin_durable()?, leader, true)

@@ -174,8 +174,9 @@ impl Writer {
         }
     }
 
-    /// Commits one batch (which holds the leader's own op, if it has one) and passes
-    /// leadership on.
+    /// I17: commits one batch (which holds the leader's own op, if it has one) and passes
+    /// leadership on to the first op still queued, or clears `leader_active` when there is
+    /// none: one leader at a time, and no queued op without one.
     fn lead(&self) {
         let (batch, room) = {
             let mut queue = self.queue.lock();
@@ -402,8 +403,9 @@ impl Writer {
         }
     }
 
-    /// A transaction failed to begin, apply or commit: nobody in the batch can know whether
-    /// what the batch did is durable. Writes are refused from now on.
+    /// I16: a transaction failed to begin, apply or commit: nobody in the batch can know
+    /// whether what the batch did is durable. The engine is poisoned: `commit_batch` begins no
+    /// transaction from now on (the panic arm of `lead` and the compactor poison it too).
     fn fail_batch(&self, e: Error, n: usize) -> Vec<Result<OpOutput, Error>> {
         self.engine.poison();
         let source: Arc<dyn std::error::Error + Send + Sync> = match e {
@@ -418,7 +420,9 @@ impl Writer {
     }
 }
 
-/// Splits a batch into transactions: runs of plain ops share one; each closure op has its own.
+/// I15: splits a batch into transactions: runs of plain ops share one; each closure op has its
+/// own, so that its writes and its record change commit together or not at all, and its
+/// failure rolls back only its own transaction.
 /// `runs_closure[i]` says whether op `i` of the batch runs caller code.
 fn segments(runs_closure: &[bool]) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();

@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemdb::{Clock, IdemDb, ManualClock, PgStore, Retention};
+use idemdb::{
+    Clock, Error, IdemDb, Key, ManualClock, PgStore, ReserveOutcome, Retention, Scope, Store,
+};
 use idemdb_testkit::postgres::{ServerClock, TestServer};
 use tempfile::TempDir;
 
-use super::T0;
+use super::{LEASE, T0, acquired};
 
 /// The time a scenario moves by hand: the embedded engine's [`ManualClock`], or the
 /// PostgreSQL store's, which is the server's (frozen through [`ServerClock`]).
@@ -171,3 +173,52 @@ pub async fn accounts(db: &PgStore) -> Vec<i32> {
     let rows = client.query("SELECT n FROM accounts ORDER BY id", &[]);
     rows.await.unwrap().iter().map(|r| r.get(0)).collect()
 }
+
+/// The same calls on either store (the stats and metrics tests count them): a lifecycle (and a duplicate told to wait), a replay, a
+/// mismatch, an extended lease then a failure and its replay, a release, a takeover and the
+/// stale owner's complete fenced. Ten writes: five reservations (one a takeover), an
+/// extension, two completes, a fail and a release.
+pub async fn script<S: Store>(under: &Under<S>) {
+    let (db, clock) = (&*under.db, &under.clock);
+    let scope = Scope::new("POST /purchases", "u1");
+    let k = |n: &str| Key::new(n);
+
+    let r1 = acquired(db.reserve(&scope, &k("1"), b"req", LEASE).await.unwrap());
+    assert!(matches!(
+        db.reserve(&scope, &k("1"), b"req", LEASE).await.unwrap(),
+        ReserveOutcome::InProgress { .. }
+    ));
+    db.complete(&r1, b"ok".to_vec()).await.unwrap();
+    assert_eq!(
+        db.reserve(&scope, &k("1"), b"req", LEASE).await.unwrap(),
+        ReserveOutcome::Completed(b"ok".to_vec())
+    );
+    assert_eq!(
+        db.reserve(&scope, &k("1"), b"other", LEASE).await.unwrap(),
+        ReserveOutcome::Mismatch
+    );
+
+    let mut r2 = acquired(db.reserve(&scope, &k("2"), b"req", LEASE).await.unwrap());
+    db.extend(&mut r2, LEASE).await.unwrap();
+    db.fail(&r2, b"declined".to_vec()).await.unwrap();
+    assert_eq!(
+        db.reserve(&scope, &k("2"), b"req", LEASE).await.unwrap(),
+        ReserveOutcome::Failed(b"declined".to_vec())
+    );
+
+    let r3 = acquired(db.reserve(&scope, &k("3"), b"req", LEASE).await.unwrap());
+    db.release(&r3).await.unwrap();
+
+    let r4 = acquired(db.reserve(&scope, &k("4"), b"req", LEASE).await.unwrap());
+    clock.advance(LEASE + Duration::from_millis(1));
+    let r4b = acquired(db.reserve(&scope, &k("4"), b"req", LEASE).await.unwrap());
+    assert!(r4b.is_takeover());
+    assert!(matches!(
+        db.complete(&r4, b"late".to_vec()).await,
+        Err(Error::Fenced { .. })
+    ));
+    db.complete(&r4b, b"ok".to_vec()).await.unwrap();
+}
+
+/// The writes of [`script`].
+pub const SCRIPT_WRITES: u64 = 10;
