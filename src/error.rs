@@ -65,6 +65,53 @@ impl fmt::Display for InputError {
     }
 }
 
+impl std::error::Error for InputError {}
+
+/// The protocol's refusals, the same for every store (docs/semantics.md): generic code reads
+/// them from either store's error through [`StoreError::refusal`](crate::StoreError::refusal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The input was refused (see [`InputError`]); nothing changed.
+    InvalidInput(InputError),
+    /// The reservation's token is stale: the record was taken over.
+    Fenced {
+        /// The token the caller presented.
+        presented: FencingToken,
+        /// The token that owns the record now.
+        current: FencingToken,
+    },
+    /// No live record exists for the reservation (released, or expired and gone).
+    UnknownRecord,
+    /// The record is no longer in progress.
+    NotInProgress {
+        /// Its state.
+        state: RecordState,
+    },
+    /// The reservation was issued by another database.
+    ForeignReservation,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::InvalidInput(e) => write!(f, "invalid input: {e}"),
+            Refusal::Fenced { presented, current } => write!(
+                f,
+                "fencing token {presented} is stale: the record is now owned by token {current}"
+            ),
+            Refusal::UnknownRecord => write!(f, "no record exists for this reservation"),
+            Refusal::NotInProgress { state } => {
+                write!(f, "the record is {}, not in progress", state.as_str())
+            }
+            Refusal::ForeignReservation => write!(
+                f,
+                "the reservation was issued by another database; nothing changed"
+            ),
+        }
+    }
+}
+
 /// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
 ///
 /// After [`Error::OutcomeUnknown`] the database refuses writes with [`Error::WritesRefused`]
@@ -157,27 +204,19 @@ pub enum Error {
     Codec(Arc<serde_json::Error>),
     /// An error from redb (storage, table or transaction).
     Storage(Arc<redb::Error>),
-    /// PostgreSQL (feature `postgres`) refused or failed a statement, or no connection could
-    /// be had: nothing the call wrote was committed.
-    Database(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
-            Error::Fenced { presented, current } => write!(
-                f,
-                "fencing token {presented} is stale: the record is now owned by token {current}"
-            ),
-            Error::UnknownRecord => write!(f, "no record exists for this reservation"),
-            Error::NotInProgress { state } => {
-                write!(f, "the record is {}, not in progress", state.as_str())
-            }
-            Error::ForeignReservation => write!(
-                f,
-                "the reservation was issued by another database; nothing changed"
-            ),
+            Error::InvalidInput(_)
+            | Error::Fenced { .. }
+            | Error::UnknownRecord
+            | Error::NotInProgress { .. }
+            | Error::ForeignReservation => match self.refusal() {
+                Some(refusal) => write!(f, "{refusal}"),
+                None => Ok(()),
+            },
             Error::NotIdemdb(why) => write!(f, "not an idemdb database: {why}"),
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
@@ -227,7 +266,6 @@ impl fmt::Display for Error {
             Error::Entropy(e) => write!(f, "no randomness for the fingerprint secret: {e}"),
             Error::Codec(e) => write!(f, "typed value codec: {e}"),
             Error::Storage(e) => write!(f, "storage: {e}"),
-            Error::Database(e) => write!(f, "database: {e}"),
         }
     }
 }
@@ -238,7 +276,6 @@ impl std::error::Error for Error {
             Error::OutcomeUnknown(e) => Some(&**e),
             Error::Codec(e) => Some(&**e),
             Error::Storage(e) => Some(&**e),
-            Error::Database(e) => Some(&**e),
             Error::ThreadSpawn { source, .. } => Some(&**source),
             Error::LogIo { source, .. } => Some(&**source),
             _ => None,
@@ -247,6 +284,21 @@ impl std::error::Error for Error {
 }
 
 impl Error {
+    /// The protocol's refusal this is, if it is one.
+    pub(crate) fn refusal(&self) -> Option<Refusal> {
+        Some(match self {
+            Error::InvalidInput(e) => Refusal::InvalidInput(e.clone()),
+            Error::Fenced { presented, current } => Refusal::Fenced {
+                presented: *presented,
+                current: *current,
+            },
+            Error::UnknownRecord => Refusal::UnknownRecord,
+            Error::NotInProgress { state } => Refusal::NotInProgress { state: *state },
+            Error::ForeignReservation => Refusal::ForeignReservation,
+            _ => return None,
+        })
+    }
+
     /// Whether the operation may have taken effect even though it returned this error: a
     /// failed commit, or an engine panic during one. Reopen, then read the record.
     pub fn is_outcome_unknown(&self) -> bool {
@@ -309,16 +361,17 @@ impl From<redb::Error> for Error {
 
 /// What an [`IdemDb::execute`](crate::IdemDb::execute) or
 /// [`complete_with`](crate::IdemDb::complete_with) call can fail with: the caller's own error
-/// from the closure (nothing was committed), or the database's.
+/// from the closure (nothing was committed), or the store's (`D`: [`Error`] for the embedded
+/// engine, `PgError` for PostgreSQL).
 #[derive(Debug)]
-pub enum ExecuteError<E> {
+pub enum ExecuteError<E, D = Error> {
     /// The closure returned this error; neither its writes nor the record were committed.
     Closure(E),
     /// The database failed or refused.
-    Db(Error),
+    Db(D),
 }
 
-impl<E: fmt::Display> fmt::Display for ExecuteError<E> {
+impl<E: fmt::Display, D: fmt::Display> fmt::Display for ExecuteError<E, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExecuteError::Closure(e) => write!(f, "closure failed, nothing committed: {e}"),
@@ -327,7 +380,11 @@ impl<E: fmt::Display> fmt::Display for ExecuteError<E> {
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for ExecuteError<E> {
+impl<E, D> std::error::Error for ExecuteError<E, D>
+where
+    E: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ExecuteError::Closure(e) => Some(e),

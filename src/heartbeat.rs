@@ -17,7 +17,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::token::Reservation;
 
 /// Renews a reservation's lease in the background, on a thread of its own, until it is
@@ -41,18 +41,18 @@ use crate::token::Reservation;
 /// ```
 ///
 /// A `PgStore` renews on the tokio runtime it was connected on; the guard waits on a thread.
-pub struct Heartbeat {
+pub struct Heartbeat<E: StoreError = Error> {
     stop: Arc<Stop>,
-    thread: Option<JoinHandle<Option<Error>>>,
+    thread: Option<JoinHandle<Option<E>>>,
 }
 
-impl Heartbeat {
+impl<E: StoreError> Heartbeat<E> {
     /// Starts renewing `reservation`'s lease of `lease` (a third of it apart) on `store`.
-    pub fn start<S: Store>(
+    pub fn start<S: Store<Error = E>>(
         store: Arc<S>,
         reservation: &Reservation,
         lease: Duration,
-    ) -> Result<Heartbeat, Error> {
+    ) -> Result<Heartbeat<E>, E> {
         let stop = Arc::new(Stop::default());
         let reservation = reservation.clone();
         let theirs = Arc::clone(&stop);
@@ -65,10 +65,7 @@ impl Heartbeat {
                     renewal: pin!(renewal),
                 })
             })
-            .map_err(|e| Error::ThreadSpawn {
-                thread: "heartbeat",
-                source: Arc::new(e),
-            })?;
+            .map_err(|e| E::internal(format!("cannot start the heartbeat thread: {e}")))?;
         Ok(Heartbeat {
             stop,
             thread: Some(thread),
@@ -82,29 +79,29 @@ impl Heartbeat {
 
     /// Stops renewing. `Err` with the refusal that ended renewal, if the lease was lost
     /// before (taken over: the owner must not finish as if it held it).
-    pub fn stop(mut self) -> Result<(), Error> {
+    pub fn stop(mut self) -> Result<(), E> {
         match self.halt() {
             Some(lost) => Err(lost),
             None => Ok(()),
         }
     }
 
-    fn halt(&mut self) -> Option<Error> {
+    fn halt(&mut self) -> Option<E> {
         self.stop.set();
         let thread = self.thread.take()?;
         thread
             .join()
-            .unwrap_or_else(|_| Some(Error::Internal("the heartbeat thread panicked".into())))
+            .unwrap_or_else(|_| Some(E::internal("the heartbeat thread panicked".into())))
     }
 }
 
-impl Drop for Heartbeat {
+impl<E: StoreError> Drop for Heartbeat<E> {
     fn drop(&mut self) {
         let _ = self.halt();
     }
 }
 
-impl std::fmt::Debug for Heartbeat {
+impl<E: StoreError> std::fmt::Debug for Heartbeat<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Heartbeat")
             .field("stopped", &self.stop.is_set())
@@ -138,10 +135,10 @@ struct Until<'a, F> {
     renewal: Pin<&'a mut F>,
 }
 
-impl<F: Future<Output = Error>> Future for Until<'_, F> {
-    type Output = Option<Error>;
+impl<E, F: Future<Output = E>> Future for Until<'_, F> {
+    type Output = Option<E>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Error>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<E>> {
         *self.stop.waker.lock() = Some(cx.waker().clone());
         if self.stop.is_set() {
             return Poll::Ready(None);

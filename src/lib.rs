@@ -86,7 +86,7 @@ pub use builder::Builder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Limits;
 pub use db::IdemDb;
-pub use error::{Error, ExecuteError, InputError};
+pub use error::{Error, ExecuteError, InputError, Refusal};
 pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
 pub use heartbeat::Heartbeat;
@@ -94,7 +94,9 @@ pub use inbox::Consumed;
 pub use log_problem::LogProblem;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgCompaction, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx, pg_handler};
+pub use postgres::{
+    PgCompaction, PgError, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx, pg_handler,
+};
 pub use record::{Record, RecordState};
 pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};
@@ -102,7 +104,7 @@ pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, Stats};
-pub use store::Store;
+pub use store::{Store, StoreError};
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use tx_table::TxTable;

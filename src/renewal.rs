@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::store::StoreError;
 use crate::token::Reservation;
 
 /// How often a lease of `lease` is renewed: three times per lease, so that two renewals may
@@ -14,24 +14,19 @@ pub(crate) fn every(lease: Duration) -> Duration {
     (lease / 3).max(Duration::from_millis(1))
 }
 
-/// Whether a failed renewal may succeed if tried again (the store was unreachable, or the
-/// renewal's outcome is unknown: the token still owns the record either way).
-fn is_transient(e: &Error) -> bool {
-    matches!(e, Error::Database(_) | Error::OutcomeUnknown(_))
-}
-
 /// Renews `reservation`'s lease every third of `lease` until a renewal is refused; returns
 /// that refusal (the lease is lost: taken over, released, finished or expired). `extend`
 /// renews (the reservation passed in and out), `sleep` waits.
-pub(crate) async fn renew<X, XF, S, SF>(
+pub(crate) async fn renew<E, X, XF, S, SF>(
     mut reservation: Reservation,
     lease: Duration,
     mut extend: X,
     sleep: S,
-) -> Error
+) -> E
 where
+    E: StoreError,
     X: FnMut(Reservation, Duration) -> XF,
-    XF: Future<Output = (Reservation, Result<(), Error>)>,
+    XF: Future<Output = (Reservation, Result<(), E>)>,
     S: Fn(Duration) -> SF,
     SF: Future<Output = ()>,
 {
@@ -44,7 +39,8 @@ where
         wait = match result {
             Ok(()) => beat,
             // Sooner: the lease still covers the next tries.
-            Err(e) if is_transient(&e) => beat / 4,
+            // A failed renewal that may pass (`StoreError::is_transient`).
+            Err(e) if e.is_transient() => beat / 4,
             Err(lost) => return lost,
         };
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Limits;
 use crate::db::IdemDb;
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::ReserveOutcome;
 use crate::record::Record;
@@ -24,6 +24,10 @@ use crate::token::Reservation;
 /// sync methods keep their names: call these through the trait, e.g. in code generic over
 /// `S: Store`).
 pub trait Store: Send + Sync + 'static {
+    /// What this store's calls fail with: [`Error`](crate::Error) for the embedded engine,
+    /// `PgError` for PostgreSQL. Generic code reads it through [`StoreError`].
+    type Error: StoreError;
+
     /// The input limits: keys, scopes and responses longer than these are refused.
     fn limits(&self) -> &Limits;
 
@@ -40,7 +44,7 @@ pub trait Store: Send + Sync + 'static {
         key: &Key,
         payload: impl Into<Payload<'p>>,
         lease: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send;
+    ) -> impl Future<Output = Result<ReserveOutcome, Self::Error>> + Send;
 
     /// Reserves, waiting out an IN_PROGRESS owner for up to `timeout`; see
     /// [`IdemDb::reserve_or_wait`].
@@ -51,42 +55,45 @@ pub trait Store: Send + Sync + 'static {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
         timeout: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send;
+    ) -> impl Future<Output = Result<ReserveOutcome, Self::Error>> + Send;
 
     /// Finishes the reservation with success; see [`IdemDb::complete`].
     fn complete(
         &self,
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Finishes the reservation with a deterministic failure; see [`IdemDb::fail`].
     fn fail(
         &self,
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Gives the key up so that a retry runs; see [`IdemDb::release`].
-    fn release(&self, reservation: &Reservation) -> impl Future<Output = Result<(), Error>> + Send;
+    fn release(
+        &self,
+        reservation: &Reservation,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Renews the lease for `lease` from now; see [`IdemDb::extend`].
     fn extend(
         &self,
         reservation: &mut Reservation,
         lease: Duration,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// The live record of the key, if any; see [`IdemDb::get`].
     fn get(
         &self,
         scope: &Scope,
         key: &Key,
-    ) -> impl Future<Output = Result<Option<Record>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Record>, Self::Error>> + Send;
 
     /// Releases the reservation from a place that cannot await (a `Drop`): now, or on a
     /// task of its own. Failures are the caller's to log; the lease bounds what is lost.
-    fn release_detached(&self, reservation: Reservation) -> Result<(), Error>;
+    fn release_detached(&self, reservation: Reservation) -> Result<(), Self::Error>;
 
     /// Renews `reservation`'s lease of `lease` every third of it ([`extend`](Self::extend))
     /// for as long as the returned future is polled: run it beside work that may outlast the
@@ -99,10 +106,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         reservation: &Reservation,
         lease: Duration,
-    ) -> impl Future<Output = Error> + Send;
+    ) -> impl Future<Output = Self::Error> + Send;
 }
 
 impl Store for IdemDb {
+    type Error = Error;
+
     fn limits(&self) -> &Limits {
         IdemDb::limits(self)
     }
@@ -197,5 +206,50 @@ impl Store for IdemDb {
             let sleep = |d| Sleep::until(timer, Instant::now() + d);
             crate::renewal::renew(reservation, lease, extend, sleep).await
         }
+    }
+}
+
+/// What generic code (the HTTP layer, [`Typed`](crate::Typed), the lease renewal loop, a
+/// service's own code over either store) needs to know of a store's error, whichever store it
+/// came from.
+pub trait StoreError: std::error::Error + Clone + Send + Sync + 'static {
+    /// The protocol's refusal this error is, if it is one: the same for every store.
+    fn refusal(&self) -> Option<Refusal>;
+
+    /// A write whose outcome is unknown: it may have committed. Read the record to learn it.
+    fn is_outcome_unknown(&self) -> bool;
+
+    /// Whether the same call may succeed if tried again later: the store was unreachable, or
+    /// the outcome is unknown (an owner's token still owns the record either way).
+    fn is_transient(&self) -> bool;
+
+    /// A typed value that could not be encoded or decoded ([`Typed`](crate::Typed)).
+    fn codec(error: serde_json::Error) -> Self;
+
+    /// A failure of idemdb itself, not of the store: a bug, or a thread it could not start
+    /// ([`Heartbeat`](crate::Heartbeat)).
+    fn internal(what: String) -> Self;
+}
+
+impl StoreError for Error {
+    fn refusal(&self) -> Option<Refusal> {
+        Error::refusal(self)
+    }
+
+    fn is_outcome_unknown(&self) -> bool {
+        Error::is_outcome_unknown(self)
+    }
+
+    fn is_transient(&self) -> bool {
+        // The embedded engine has no connection to lose: only an unknown outcome may pass.
+        matches!(self, Error::OutcomeUnknown(_))
+    }
+
+    fn codec(error: serde_json::Error) -> Self {
+        Error::Codec(std::sync::Arc::new(error))
+    }
+
+    fn internal(what: String) -> Self {
+        Error::Internal(what)
     }
 }

@@ -1,7 +1,6 @@
 //! A typed convenience layer: responses as any `serde` type, stored as JSON bytes.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -12,7 +11,7 @@ use crate::error::Error;
 use crate::fingerprint::Payload;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, Scope};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::token::Reservation;
 
 /// [`ReserveOutcome`] with decoded responses: `T` for success, `F` for a stored failure.
@@ -91,18 +90,22 @@ where
         key: &Key,
         payload: impl Into<Payload<'p>>,
         lease: Duration,
-    ) -> Result<TypedOutcome<T, F>, Error> {
+    ) -> Result<TypedOutcome<T, F>, S::Error> {
         typed(Store::reserve(self.db, scope, key, payload.into(), lease).await?)
     }
 
     /// [`complete`](Store::complete) with `value`, encoded.
-    pub async fn complete_async(&self, reservation: &Reservation, value: &T) -> Result<(), Error> {
-        Store::complete(self.db, reservation, encode(value)?).await
+    pub async fn complete_async(
+        &self,
+        reservation: &Reservation,
+        value: &T,
+    ) -> Result<(), S::Error> {
+        Store::complete(self.db, reservation, encode::<_, S::Error>(value)?).await
     }
 
     /// [`fail`](Store::fail) with `value`, encoded.
-    pub async fn fail_async(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
-        Store::fail(self.db, reservation, encode(value)?).await
+    pub async fn fail_async(&self, reservation: &Reservation, value: &F) -> Result<(), S::Error> {
+        Store::fail(self.db, reservation, encode::<_, S::Error>(value)?).await
     }
 }
 
@@ -138,19 +141,19 @@ where
 
     /// [`IdemDb::complete`] with `value` encoded as JSON.
     pub fn complete(&self, reservation: &Reservation, value: &T) -> Result<(), Error> {
-        self.db.complete(reservation, encode(value)?)
+        self.db.complete(reservation, encode::<_, Error>(value)?)
     }
 
     /// [`IdemDb::fail`] with `value` encoded as JSON.
     pub fn fail(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
-        self.db.fail(reservation, encode(value)?)
+        self.db.fail(reservation, encode::<_, Error>(value)?)
     }
 }
 
 /// A reservation's outcome with the stored response decoded.
-fn typed<T: DeserializeOwned, F: DeserializeOwned>(
+fn typed<T: DeserializeOwned, F: DeserializeOwned, E: StoreError>(
     outcome: ReserveOutcome,
-) -> Result<TypedOutcome<T, F>, Error> {
+) -> Result<TypedOutcome<T, F>, E> {
     Ok(match outcome {
         ReserveOutcome::Acquired(r) => TypedOutcome::Acquired(r),
         ReserveOutcome::Mismatch => TypedOutcome::Mismatch,
@@ -161,10 +164,10 @@ fn typed<T: DeserializeOwned, F: DeserializeOwned>(
     })
 }
 
-fn encode<V: Serialize>(value: &V) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec(value).map_err(|e| Error::Codec(Arc::new(e)))
+fn encode<V: Serialize, E: StoreError>(value: &V) -> Result<Vec<u8>, E> {
+    serde_json::to_vec(value).map_err(E::codec)
 }
 
-fn decode<V: DeserializeOwned>(bytes: &[u8]) -> Result<V, Error> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Codec(Arc::new(e)))
+fn decode<V: DeserializeOwned, E: StoreError>(bytes: &[u8]) -> Result<V, E> {
+    serde_json::from_slice(bytes).map_err(E::codec)
 }

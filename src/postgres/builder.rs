@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Limits;
-use crate::error::Error;
+use crate::postgres::error::PgError;
 use crate::postgres::errors::{self, database};
 use crate::postgres::partitions::Partitions;
 use crate::postgres::schema;
@@ -20,7 +20,7 @@ use crate::retention::Retention;
 /// engine (retention, limits).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), idemdb::Error> {
+/// # async fn run() -> Result<(), idemdb::PgError> {
 /// use idemdb::PgStore;
 /// let builder = PgStore::builder("postgres://app@db.internal/shop")?.pool_size(32);
 /// builder.migrate().await?; // once per deploy, or at every start: it is idempotent
@@ -49,20 +49,20 @@ impl PgStore {
     /// [`tls_root_certificates`](PgStoreBuilder::tls_root_certificates).
     ///
     /// ```no_run
-    /// # fn run() -> Result<(), idemdb::Error> {
+    /// # fn run() -> Result<(), idemdb::PgError> {
     /// let ca = std::fs::read("/etc/ssl/db-ca.pem").unwrap();
     /// let builder = idemdb::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
     ///     .tls_root_certificates(ca);
     /// # Ok(()) }
     /// ```
-    pub fn builder(url: &str) -> Result<PgStoreBuilder, Error> {
+    pub fn builder(url: &str) -> Result<PgStoreBuilder, PgError> {
         let split = tls::split(url)?;
         let mut config: tokio_postgres::Config = split.rest.parse().map_err(database)?;
         config.ssl_mode(split.mode.driver());
         let tls_roots = match split.root_file.as_deref() {
             None | Some("system") => None,
             Some(path) => Some(std::fs::read(path).map_err(|e| {
-                Error::Database(Arc::new(std::io::Error::new(
+                PgError::Database(Arc::new(std::io::Error::new(
                     e.kind(),
                     format!("sslrootcert {path}: {e}"),
                 )))
@@ -97,7 +97,7 @@ impl PgStoreBuilder {
         self
     }
 
-    fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, Error> {
+    fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgError> {
         tls::connector(self.tls, self.tls_roots.as_deref())
     }
 
@@ -109,7 +109,7 @@ impl PgStoreBuilder {
     }
 
     /// How long a call waits for a pooled connection before it fails with
-    /// [`Error::Database`] (default 30 s), so that an exhausted pool (or an unreachable
+    /// [`PgError::Database`] (default 30 s), so that an exhausted pool (or an unreachable
     /// server) answers instead of hanging.
     pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
         self.pool_wait = timeout;
@@ -137,7 +137,7 @@ impl PgStoreBuilder {
     /// expiry by it, and writes no time from it: every time is the server's, read by the
     /// statement that acts on it, so instances whose clocks disagree (by minutes or days)
     /// still run each intent once. It is only compared with the server's, for
-    /// [`PgStats::clock_skew_ms`].
+    /// [`PgStats::clock_skew_ms`](crate::PgStats::clock_skew_ms).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -152,8 +152,8 @@ impl PgStoreBuilder {
 
     /// Creates idemdb's tables, or upgrades them, and returns the schema version now in
     /// place. Idempotent, and safe to run from several instances at once. Refuses a schema
-    /// of a newer build with [`Error::UnsupportedFormat`].
-    pub async fn migrate(&self) -> Result<u32, Error> {
+    /// of a newer build with [`PgError::UnsupportedFormat`].
+    pub async fn migrate(&self) -> Result<u32, PgError> {
         let (mut client, connection) = self.config.connect(self.tls()?).await.map_err(database)?;
         let driver = tokio::spawn(connection);
         let version = schema::migrate(&mut client).await;
@@ -166,7 +166,7 @@ impl PgStoreBuilder {
     /// the listener for waiting duplicates and (unless the retention's `compact_interval` is
     /// `None`) the compactor, as tasks on the current tokio runtime. The schema must be
     /// migrated ([`migrate`](Self::migrate)).
-    pub async fn connect(self) -> Result<PgStore, Error> {
+    pub async fn connect(self) -> Result<PgStore, PgError> {
         self.retention.validate()?;
         self.limits.validate()?;
         record_fits(&self.limits)?;
@@ -184,7 +184,7 @@ impl PgStoreBuilder {
             .create_timeout(Some(self.pool_wait))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| Error::Database(Arc::new(e)))?;
+            .map_err(|e| PgError::Database(Arc::new(e)))?;
         let (meta, server_ms) = {
             let client = pool.get().await.map_err(errors::pool)?;
             let meta = schema::Meta::read(&client).await?;
@@ -192,7 +192,7 @@ impl PgStoreBuilder {
         };
         let rules = self.retention.rules();
         let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::Internal("PgStore connected outside a tokio runtime".into()))?;
+            .map_err(|_| PgError::Internal("PgStore connected outside a tokio runtime".into()))?;
         let counters = stats::Counters::new(pool.clone());
         let inner = Arc::new(Inner {
             runtime,

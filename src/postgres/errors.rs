@@ -6,22 +6,22 @@ use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 
-use crate::error::Error;
+use crate::postgres::error::PgError;
 
 /// How many times a transaction that lost a serialization conflict or a deadlock is run.
 pub(crate) const MAX_ATTEMPTS: u32 = 8;
 
 /// A statement failed and nothing it wrote is committed.
-pub(crate) fn database(e: tokio_postgres::Error) -> Error {
-    Error::Database(Arc::new(ServerSaid::of(e)))
+pub(crate) fn database(e: tokio_postgres::Error) -> PgError {
+    PgError::Database(Arc::new(ServerSaid::of(e)))
 }
 
-pub(crate) fn pool(e: deadpool_postgres::PoolError) -> Error {
+pub(crate) fn pool(e: deadpool_postgres::PoolError) -> PgError {
     let text = match &e {
         deadpool_postgres::PoolError::Backend(b) => describe(b),
         other => chain(other),
     };
-    Error::Database(Arc::new(ServerSaid {
+    PgError::Database(Arc::new(ServerSaid {
         text: format!("no connection from the pool: {text}"),
         source: Box::new(e),
     }))
@@ -121,18 +121,18 @@ pub(crate) fn missing_partition(e: &tokio_postgres::Error) -> Option<Option<u64>
 }
 
 /// The answer when partitions kept going missing under a write.
-pub(crate) fn partition_missing() -> Error {
-    Error::Internal("the partition of a write kept going missing".into())
+pub(crate) fn partition_missing() -> PgError {
+    PgError::Internal("the partition of a write kept going missing".into())
 }
 
 /// A failure of a commit, or of a write that commits by itself: if the server answered with
 /// an ERROR, it refused and nothing is committed; if the connection broke (or the server
 /// ended the session with FATAL or PANIC, which it may do after the commit record is
 /// written), the commit may have happened.
-pub(crate) fn after_commit(e: tokio_postgres::Error) -> Error {
+pub(crate) fn after_commit(e: tokio_postgres::Error) -> PgError {
     match e.as_db_error() {
         Some(db) if db.severity() == "ERROR" => database(e),
-        _ => Error::OutcomeUnknown(Arc::new(LostAtCommit(ServerSaid::of(e)))),
+        _ => PgError::OutcomeUnknown(Arc::new(LostAtCommit(ServerSaid::of(e)))),
     }
 }
 
@@ -158,9 +158,9 @@ pub(crate) fn backoff(attempt: u32) -> std::time::Duration {
 pub(crate) enum Step {
     /// Run the transaction again (nothing committed); the error to answer if attempts run
     /// out.
-    Retry(Error),
+    Retry(PgError),
     /// Answer the caller with this.
-    Fail(Error),
+    Fail(PgError),
     /// The write's partition is missing (nothing committed): make it (`Some`: the partition
     /// key the server named) and run again.
     Partition(Option<u64>),
@@ -196,16 +196,23 @@ impl Step {
     }
 }
 
-impl From<Error> for Step {
-    fn from(e: Error) -> Step {
+impl From<PgError> for Step {
+    fn from(e: PgError) -> Step {
         Step::Fail(e)
+    }
+}
+
+/// A shared check's refusal (input limits, `check_owner`).
+impl From<crate::error::Error> for Step {
+    fn from(e: crate::error::Error) -> Step {
+        Step::Fail(e.into())
     }
 }
 
 /// A guarded write matched nothing though the record is still the caller's: it moved
 /// between two statements. Decided again.
 pub(crate) fn moved() -> Step {
-    Step::Retry(Error::Internal(
+    Step::Retry(PgError::Internal(
         "the record kept changing between a read and its guarded write".into(),
     ))
 }

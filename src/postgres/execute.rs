@@ -26,9 +26,10 @@ use super::stats::Owned;
 use super::store::{Inner, PgStore};
 use super::wait::{CHANNEL, payload};
 use crate::decide::{Decision, check_owner, decide};
-use crate::error::{Error, ExecuteError};
+use crate::error::ExecuteError;
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::postgres::error::PgError;
 use crate::record::RecordState;
 use crate::retention::BeyondHorizonPolicy;
 use crate::scope::{Key, RecordKey, Scope};
@@ -200,7 +201,7 @@ impl PgStore {
         key: &Key,
         payload: impl Into<Payload<'_>>,
         body: F,
-    ) -> Result<ExecuteOutcome, ExecuteError<E>>
+    ) -> Result<ExecuteOutcome, ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
         E: Send + 'static,
@@ -221,7 +222,7 @@ impl PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
         body: F,
-    ) -> Result<(), ExecuteError<E>>
+    ) -> Result<(), ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
         E: Send + 'static,
@@ -241,7 +242,7 @@ impl PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
         body: F,
-    ) -> Result<(), ExecuteError<E>>
+    ) -> Result<(), ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
         E: Send + 'static,
@@ -279,7 +280,7 @@ const INSERT_FINISHED: &str = concat!(
 );
 
 impl PgStore {
-    fn count_owned<E>(&self, result: &Result<(), ExecuteError<E>>) {
+    fn count_owned<E>(&self, result: &Result<(), ExecuteError<E, PgError>>) {
         let seen = match result {
             Ok(()) => Ok(()),
             Err(ExecuteError::Db(e)) => Err(e),
@@ -304,7 +305,7 @@ const TAKE_OVER_FINISHED: &str = concat!(
 
 /// A watched statement of the closure lost a conflict: the transaction runs again.
 pub(super) fn conflict() -> Step {
-    Step::Retry(Error::Internal(
+    Step::Retry(PgError::Internal(
         "the closure's transaction kept losing serialization conflicts or deadlocks".into(),
     ))
 }
@@ -337,7 +338,7 @@ impl Inner {
         &self,
         key: &'k RecordKey,
         fingerprint: Fingerprint,
-    ) -> Result<Keyed<'k>, Error> {
+    ) -> Result<Keyed<'k>, PgError> {
         Ok(Keyed {
             parts: KeyParts::of(key)?,
             key,
@@ -367,7 +368,7 @@ impl Inner {
 
     /// After a failed attempt: `Ok` to run it again (after a pause, or once the missing
     /// partition is made), else the caller's error.
-    pub(super) async fn again(&self, step: Step, attempt: u32) -> Result<(), Error> {
+    pub(super) async fn again(&self, step: Step, attempt: u32) -> Result<(), PgError> {
         match step {
             Step::Fail(e) => Err(e),
             Step::Partition(at) if attempt < MAX_ATTEMPTS => {
@@ -389,7 +390,7 @@ impl Inner {
         &self,
         step: Result<Ran<T, E>, Step>,
         attempt: u32,
-    ) -> Option<Result<T, ExecuteError<E>>> {
+    ) -> Option<Result<T, ExecuteError<E, PgError>>> {
         match step {
             Ok(Ran::Answer(v)) => Some(Ok(v)),
             Ok(Ran::Closure(e)) => Some(Err(ExecuteError::Closure(e))),
@@ -402,7 +403,7 @@ impl Inner {
         key: &RecordKey,
         fingerprint: Fingerprint,
         mut body: F,
-    ) -> Result<ExecuteOutcome, ExecuteError<E>>
+    ) -> Result<ExecuteOutcome, ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
         E: Send + 'static,
@@ -537,7 +538,7 @@ impl Inner {
         state: RecordState,
         response: Vec<u8>,
         mut body: F,
-    ) -> Result<(), ExecuteError<E>>
+    ) -> Result<(), ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
         E: Send + 'static,
@@ -609,7 +610,7 @@ impl Inner {
                     .await
                     .map_err(Step::before_commit)?;
                 if finished.len() != 1 {
-                    return Err(Step::Fail(Error::Internal(
+                    return Err(Step::Fail(PgError::Internal(
                         "a locked record was not finished".into(),
                     )));
                 }

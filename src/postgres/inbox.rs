@@ -6,15 +6,16 @@ use super::errors::{Step, pool};
 use super::execute::{Done, Keyed, PgFuture, PgTx, Ran, conflict};
 use super::reserve::prepared;
 use super::store::{Inner, PgStore};
-use crate::error::{Error, ExecuteError};
+use crate::error::ExecuteError;
 use crate::inbox::{Consumed, INBOX_PAYLOAD, consumed, names};
 use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::postgres::error::PgError;
 use crate::scope::RecordKey;
 
 /// A message of a poll: its key (or why it has none) and its handler as an `execute` closure.
-type Message<'k, B> = (Result<Keyed<'k>, Error>, B);
+type Message<'k, B> = (Result<Keyed<'k>, PgError>, B);
 
-type Answer<E> = Result<ExecuteOutcome, ExecuteError<E>>;
+type Answer<E> = Result<ExecuteOutcome, ExecuteError<E, PgError>>;
 
 /// Gives `f` the higher-ranked signature of a closure of [`PgStore::consume`] or
 /// [`PgStore::consume_batch`]. Closures infer it only when written as the call's argument;
@@ -48,7 +49,7 @@ impl PgStore {
         consumer: &str,
         message_id: impl AsRef<[u8]>,
         handler: F,
-    ) -> Result<Consumed, ExecuteError<E>>
+    ) -> Result<Consumed, ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<(), E>> + Send,
         E: Send + 'static,
@@ -98,7 +99,7 @@ impl PgStore {
         &self,
         consumer: &str,
         messages: I,
-    ) -> Result<Vec<Result<Consumed, ExecuteError<E>>>, Error>
+    ) -> Result<Vec<Result<Consumed, ExecuteError<E, PgError>>>, PgError>
     where
         I: IntoIterator<Item = (M, F)>,
         M: AsRef<[u8]>,
@@ -118,7 +119,7 @@ impl PgStore {
             .iter()
             .zip(handlers)
             .map(|(key, handler)| {
-                let keyed = key.as_ref().map_err(Error::clone);
+                let keyed = key.as_ref().map_err(|e| PgError::from(e.clone()));
                 (
                     keyed.and_then(|k| inner.keyed(k, fingerprint)),
                     completes(handler),
@@ -141,7 +142,7 @@ impl PgStore {
     /// after a serialization failure or deadlock (up to 8 attempts), and one that swallowed
     /// a failed statement gets `Err(Db(Database))`, nothing committed. [`PgTx::now_ms`] is
     /// this instance's estimate of the server's time (no record is read).
-    pub async fn run<F, T, E>(&self, mut body: F) -> Result<T, ExecuteError<E>>
+    pub async fn run<F, T, E>(&self, mut body: F) -> Result<T, ExecuteError<E, PgError>>
     where
         F: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<T, E>> + Send,
         T: Send,
@@ -167,7 +168,7 @@ const ALIVE: &str = "SELECT 1";
 
 impl Inner {
     /// A poll, run again whole after a conflict: each message's answer, in order.
-    async fn poll<B, E>(&self, poll: &mut [Message<'_, B>]) -> Result<Vec<Answer<E>>, Error>
+    async fn poll<B, E>(&self, poll: &mut [Message<'_, B>]) -> Result<Vec<Answer<E>>, PgError>
     where
         B: for<'t> FnMut(&'t mut PgTx<'_>) -> PgFuture<'t, Result<Outcome, E>> + Send,
         E: Send + 'static,
@@ -254,7 +255,11 @@ impl Inner {
     }
 
     /// A message's answer once its poll's commit ended.
-    fn answer<E>(&self, done: Result<Done<E>, Error>, committed: &Result<(), Error>) -> Answer<E> {
+    fn answer<E>(
+        &self,
+        done: Result<Done<E>, PgError>,
+        committed: &Result<(), PgError>,
+    ) -> Answer<E> {
         match (done?, committed) {
             (Done::Closure(e), _) => Err(ExecuteError::Closure(e)),
             (_, Err(e)) => Err(ExecuteError::Db(e.clone())),

@@ -17,6 +17,7 @@
 //! - errors.rs: refused, retried or outcome unknown, in the server's words.
 
 mod builder;
+mod error;
 mod errors;
 mod execute;
 mod inbox;
@@ -33,6 +34,7 @@ mod tls;
 mod wait;
 
 pub use builder::PgStoreBuilder;
+pub use error::PgError;
 pub use execute::{PgFuture, PgTx};
 pub use inbox::pg_handler;
 pub use partitions::PgCompaction;

@@ -12,8 +12,8 @@ use super::rows::{Found, KeyParts, newest, state_code, stored_ms, token_value};
 use super::sql::{clock, key_is_params, span};
 use super::wait::{CHANNEL, payload};
 use crate::decide::check_owner;
-use crate::error::Error;
 use crate::ops::lease_ms;
+use crate::postgres::error::PgError;
 use crate::record::RecordState;
 use crate::token::Reservation;
 
@@ -66,9 +66,9 @@ enum OwnerOp<'a> {
 
 impl Inner {
     /// Refuses a reservation of another database.
-    pub(crate) fn check_issuer(&self, reservation: &Reservation) -> Result<(), Error> {
+    pub(crate) fn check_issuer(&self, reservation: &Reservation) -> Result<(), PgError> {
         if reservation.database_id != self.database_id {
-            return Err(Error::ForeignReservation);
+            return Err(PgError::ForeignReservation);
         }
         Ok(())
     }
@@ -78,7 +78,7 @@ impl Inner {
         reservation: &Reservation,
         state: RecordState,
         response: Vec<u8>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), PgError> {
         self.check_issuer(reservation)?;
         self.limits.check_response(&response)?;
         let op = OwnerOp::Finish {
@@ -88,7 +88,7 @@ impl Inner {
         self.guarded(reservation, &op).await.map(drop)
     }
 
-    pub(crate) async fn release(&self, reservation: &Reservation) -> Result<(), Error> {
+    pub(crate) async fn release(&self, reservation: &Reservation) -> Result<(), PgError> {
         self.check_issuer(reservation)?;
         self.guarded(reservation, &OwnerOp::Release).await.map(drop)
     }
@@ -97,7 +97,7 @@ impl Inner {
         &self,
         reservation: &mut Reservation,
         lease: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), PgError> {
         self.check_issuer(reservation)?;
         let op = OwnerOp::Extend {
             lease_ms: lease_ms(lease)?,
@@ -108,7 +108,7 @@ impl Inner {
 
     /// Runs `op` with retries; when its guard matches nothing, the error `check_owner` gives
     /// for the record as it is now. The new lease end, for `Extend`.
-    async fn guarded(&self, reservation: &Reservation, op: &OwnerOp<'_>) -> Result<u64, Error> {
+    async fn guarded(&self, reservation: &Reservation, op: &OwnerOp<'_>) -> Result<u64, PgError> {
         let p = KeyParts::of(&reservation.record_key)?;
         let mut attempt = 0;
         loop {
@@ -120,11 +120,11 @@ impl Inner {
                     let row = newest(&client, &p).await.map_err(database)?;
                     let live = self.seen(Found::of(&row, 9)?).live;
                     match check_owner(live, reservation.token) {
-                        Err(e) => return Err(e),
+                        Err(e) => return Err(e.into()),
                         // Owned after all: the record moved between the two statements.
                         Ok(_) if attempt < MAX_ATTEMPTS => self.counters.retried(),
                         Ok(_) => {
-                            return Err(Error::Internal(
+                            return Err(PgError::Internal(
                                 "a guarded update kept missing its own record".into(),
                             ));
                         }

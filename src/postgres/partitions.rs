@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 use super::errors::database;
 use super::rows::{ms, stored_ms};
 use super::sql::clock;
-use crate::error::Error;
+use crate::postgres::error::PgError;
 
 /// What one compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -138,7 +138,7 @@ impl Partitions {
         &self,
         client: &tokio_postgres::Client,
         report: &mut PgCompaction,
-    ) -> Result<u64, Error> {
+    ) -> Result<u64, PgError> {
         let row = client
             .query_one(
                 concat!(
@@ -178,7 +178,7 @@ impl Partitions {
 
 /// Detaches `name` without blocking writes (PostgreSQL 14+), finishing a detach an earlier
 /// compaction left half done; on older servers the drop alone does it.
-async fn detach(client: &tokio_postgres::Client, name: &str) -> Result<(), Error> {
+async fn detach(client: &tokio_postgres::Client, name: &str) -> Result<(), PgError> {
     let concurrently = format!("ALTER TABLE idemdb_records DETACH PARTITION {name} CONCURRENTLY");
     match client.batch_execute(&concurrently).await {
         Ok(()) => Ok(()),

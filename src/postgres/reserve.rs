@@ -17,17 +17,17 @@ use super::rows::{
 use super::sql::{clock, key_is_params, span};
 use super::store::Inner;
 use crate::decide::{Decision, decide};
-use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::ops::lease_ms;
 use crate::outcome::ReserveOutcome;
+use crate::postgres::error::PgError;
 use crate::record::Record;
 use crate::retention::BeyondHorizonPolicy;
 use crate::scope::{Key, RecordKey, Scope};
 use crate::token::{FencingToken, Reservation};
 use tokio_postgres::types::ToSql;
 
-type Reserved = Result<ReserveOutcome, Error>;
+type Reserved = Result<ReserveOutcome, PgError>;
 
 /// A takeover: the record's owner changes if it is still the one decided on and its lease is
 /// still over by the store's clock. `$4` the token seen, `$5` the lease, `$6` the TTL (ms).
@@ -86,7 +86,7 @@ impl Inner {
         key: &'k RecordKey,
         payload: Payload<'_>,
         lease: Duration,
-    ) -> Result<Request<'k>, Error> {
+    ) -> Result<Request<'k>, PgError> {
         Ok(Request {
             parts: KeyParts::of(key)?,
             key,
@@ -204,7 +204,7 @@ impl Inner {
         &self,
         request: &Request<'_>,
         announced: Option<i64>,
-    ) -> Result<Option<i64>, Error> {
+    ) -> Result<Option<i64>, PgError> {
         let p = &request.parts;
         let client = self.pool.get().await.map_err(pool)?;
         let stmt = client.prepare_cached(ANNOUNCE).await.map_err(database)?;
@@ -220,7 +220,7 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+    pub(crate) async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, PgError> {
         let key = RecordKey::encode(scope, key, &self.limits)?;
         let parts = KeyParts::of(&key)?;
         let client = self.pool.get().await.map_err(pool)?;
@@ -245,7 +245,7 @@ impl Inner {
                     tokio::time::sleep(backoff(attempt.min(4))).await;
                 }
                 Ok(None) => {
-                    return Err(Error::Internal(
+                    return Err(PgError::Internal(
                         "the record kept changing under the reservation".into(),
                     ));
                 }
@@ -376,7 +376,7 @@ impl Inner {
     }
 }
 
-pub(crate) fn token_of(row: &tokio_postgres::Row) -> Result<FencingToken, Error> {
+pub(crate) fn token_of(row: &tokio_postgres::Row) -> Result<FencingToken, PgError> {
     token_from(row.try_get(0).map_err(database)?)
 }
 

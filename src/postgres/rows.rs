@@ -5,8 +5,8 @@ use tokio_postgres::Row;
 
 use super::sql::{clock, key_is_params};
 
-use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::postgres::error::PgError;
 use crate::record::{Record, RecordState};
 use crate::scope::RecordKey;
 use crate::token::FencingToken;
@@ -45,9 +45,9 @@ pub(crate) struct KeyParts<'a> {
 }
 
 impl<'a> KeyParts<'a> {
-    pub(crate) fn of(key: &'a RecordKey) -> Result<KeyParts<'a>, Error> {
+    pub(crate) fn of(key: &'a RecordKey) -> Result<KeyParts<'a>, PgError> {
         let (operation, principal, key) = RecordKey::split(key.as_bytes())
-            .ok_or_else(|| Error::Internal("a record key did not split".into()))?;
+            .ok_or_else(|| PgError::Internal("a record key did not split".into()))?;
         Ok(KeyParts {
             operation,
             principal,
@@ -62,17 +62,17 @@ pub(crate) fn ms(v: u64) -> i64 {
 }
 
 /// A time as stored, in ms.
-pub(crate) fn stored_ms(v: i64) -> Result<u64, Error> {
+pub(crate) fn stored_ms(v: i64) -> Result<u64, PgError> {
     unsigned("time", v)
 }
 
-fn unsigned(what: &str, v: i64) -> Result<u64, Error> {
-    u64::try_from(v).map_err(|_| Error::Corrupted(format!("idemdb_records.{what} is negative")))
+fn unsigned(what: &str, v: i64) -> Result<u64, PgError> {
+    u64::try_from(v).map_err(|_| PgError::Corrupted(format!("idemdb_records.{what} is negative")))
 }
 
 /// The record in a row selected by [`NEWEST`]; `None` where the key has no row.
-pub(crate) fn record(row: &Row) -> Result<Option<Record>, Error> {
-    let corrupt = |what: &str| Error::Corrupted(format!("idemdb_records.{what} is invalid"));
+pub(crate) fn record(row: &Row) -> Result<Option<Record>, PgError> {
+    let corrupt = |what: &str| PgError::Corrupted(format!("idemdb_records.{what} is invalid"));
     let state: Option<i16> = row.try_get(0).map_err(|_| corrupt("state"))?;
     let Some(state) = state else {
         return Ok(None);
@@ -85,7 +85,7 @@ pub(crate) fn record(row: &Row) -> Result<Option<Record>, Error> {
     let fp: [u8; 16] = fp.try_into().map_err(|_| corrupt("fingerprint"))?;
     let token: i64 = row.try_get(2).map_err(|_| corrupt("token"))?;
     let token = FencingToken::new(unsigned("token", token)?).ok_or_else(|| corrupt("token"))?;
-    let get = |i: usize, what: &str| -> Result<u64, Error> {
+    let get = |i: usize, what: &str| -> Result<u64, PgError> {
         unsigned(what, row.try_get::<_, i64>(i).map_err(|_| corrupt(what))?)
     };
     let attempts: i32 = row.try_get(7).map_err(|_| corrupt("attempts"))?;
@@ -111,11 +111,11 @@ pub(crate) fn state_code(state: RecordState) -> i16 {
 }
 
 /// A token as the sequence gave it.
-pub(crate) fn token_from(value: i64) -> Result<FencingToken, Error> {
+pub(crate) fn token_from(value: i64) -> Result<FencingToken, PgError> {
     u64::try_from(value)
         .ok()
         .and_then(FencingToken::new)
-        .ok_or_else(|| Error::Corrupted("idemdb_tokens gave a token below 1".into()))
+        .ok_or_else(|| PgError::Corrupted("idemdb_tokens gave a token below 1".into()))
 }
 
 pub(crate) fn token_value(token: FencingToken) -> i64 {
@@ -133,10 +133,10 @@ pub(crate) struct Found {
 impl Found {
     /// From a row of [`NEWEST`] (or a statement that selects the same columns), the store's
     /// time in column `now_at`.
-    pub(crate) fn of(row: &Row, now_at: usize) -> Result<Found, Error> {
+    pub(crate) fn of(row: &Row, now_at: usize) -> Result<Found, PgError> {
         let now: i64 = row
             .try_get(now_at)
-            .map_err(|_| Error::Corrupted("the server's clock read as NULL".into()))?;
+            .map_err(|_| PgError::Corrupted("the server's clock read as NULL".into()))?;
         let now_ms = unsigned("now", now)?;
         let (live, expired) = match record(row)? {
             None => (None, false),

@@ -5,9 +5,9 @@ use tokio_postgres::error::SqlState;
 
 use super::errors::{database, is_retryable};
 use super::sql::key_hash;
-use crate::error::Error;
 use crate::fingerprint::{Fingerprinter, SECRET_LEN};
 use crate::meta::database_id;
+use crate::postgres::error::PgError;
 
 /// The newest schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: i32 = 3;
@@ -119,7 +119,7 @@ $fn$;
 
 /// Applies every migration newer than the database's version, in one transaction each;
 /// returns the version now in place. Refuses a database of a newer build.
-pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, Error> {
+pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, PgError> {
     // Made once: the first instance's wins. The database's identity derives from it.
     let secret = Fingerprinter::random_secret()?.to_vec();
     let mut attempts = 0;
@@ -136,8 +136,8 @@ pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, 
 }
 
 /// The refusal of a schema made by a newer build.
-fn newer(found: i32) -> Error {
-    Error::UnsupportedFormat {
+fn newer(found: i32) -> PgError {
+    PgError::UnsupportedFormat {
         found: found.unsigned_abs(),
         supported: SCHEMA_VERSION.unsigned_abs(),
     }
@@ -207,7 +207,7 @@ async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_p
 }
 
 /// The store's time now (the server's clock, or the frozen time of a test).
-pub(crate) async fn server_now(client: &tokio_postgres::Client) -> Result<u64, Error> {
+pub(crate) async fn server_now(client: &tokio_postgres::Client) -> Result<u64, PgError> {
     let row = client
         .query_one(
             concat!("WITH ", super::sql::clock!(), " SELECT now_ms FROM clock"),
@@ -228,17 +228,17 @@ pub(crate) struct Meta {
 impl Meta {
     /// Reads the meta row, refusing a database that was not migrated or was migrated by a
     /// newer build.
-    pub(crate) async fn read(client: &tokio_postgres::Client) -> Result<Meta, Error> {
+    pub(crate) async fn read(client: &tokio_postgres::Client) -> Result<Meta, PgError> {
         let found = version(client).await.map_err(database)?;
         match found {
             None => {
-                return Err(Error::NotIdemdb(
+                return Err(PgError::NotMigrated(
                     "no idemdb schema in this database: run PgStoreBuilder::migrate first".into(),
                 ));
             }
             Some(v) if v > SCHEMA_VERSION => return Err(newer(v)),
             Some(v) if v < SCHEMA_VERSION => {
-                return Err(Error::NotIdemdb(format!(
+                return Err(PgError::NotMigrated(format!(
                     "schema version {v} is older than {SCHEMA_VERSION}: run PgStoreBuilder::migrate"
                 )));
             }
@@ -253,7 +253,7 @@ impl Meta {
             .map_err(database)?;
         let secret: Vec<u8> = row.try_get(0).map_err(database)?;
         let secret: [u8; SECRET_LEN] = secret.try_into().map_err(|_| {
-            Error::Corrupted("idemdb_meta.fingerprint_secret has the wrong length".into())
+            PgError::Corrupted("idemdb_meta.fingerprint_secret has the wrong length".into())
         })?;
         Ok(Meta {
             database_id: database_id(&secret),

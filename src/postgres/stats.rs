@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::error::{Error, ExecuteError};
+use crate::error::ExecuteError;
 use crate::outcome::{ExecuteOutcome, ReserveOutcome};
+use crate::postgres::error::PgError;
 use crate::stats::{COUNTERS, Counter, Histogram};
 
 /// A snapshot of [`PgStore::stats`](crate::PgStore::stats): answers since connect, as the
@@ -36,13 +37,13 @@ pub struct PgStats {
     pub mismatches: u64,
     /// Duplicates told to retry later (a `reserve_or_wait` counts its final answer only).
     pub in_progress: u64,
-    /// Owner calls refused with [`Error::Fenced`].
+    /// Owner calls refused with [`PgError::Fenced`].
     pub fenced: u64,
     /// Records finished (COMPLETED or FAILED written), by owners and by `execute`.
     pub finished: u64,
     /// Keys released.
     pub releases: u64,
-    /// Calls answered [`Error::OutcomeUnknown`].
+    /// Calls answered [`PgError::OutcomeUnknown`].
     pub outcome_unknown: u64,
     /// Transactions run again after a serialization failure, a deadlock or a record that
     /// changed between a read and its guarded write.
@@ -202,15 +203,15 @@ impl Counters {
         }
     }
 
-    fn error(&self, e: &Error) {
+    fn error(&self, e: &PgError) {
         match e {
-            Error::Fenced { .. } => self.add(Counter::Fenced),
-            Error::OutcomeUnknown(_) => self.add(Count::OutcomeUnknown),
+            PgError::Fenced { .. } => self.add(Counter::Fenced),
+            PgError::OutcomeUnknown(_) => self.add(Count::OutcomeUnknown),
             _ => {}
         }
     }
 
-    pub(crate) fn reserved(&self, result: &Result<ReserveOutcome, Error>) {
+    pub(crate) fn reserved(&self, result: &Result<ReserveOutcome, PgError>) {
         match result {
             Ok(ReserveOutcome::Acquired(r)) => {
                 self.add(Counter::Acquired);
@@ -243,7 +244,7 @@ impl Counters {
     }
 
     /// An `execute` (or `consume`).
-    pub(crate) fn executed<E>(&self, result: &Result<ExecuteOutcome, ExecuteError<E>>) {
+    pub(crate) fn executed<E>(&self, result: &Result<ExecuteOutcome, ExecuteError<E, PgError>>) {
         match result {
             Ok(ExecuteOutcome::Executed(_)) => {
                 self.add(Counter::Acquired);
@@ -261,7 +262,7 @@ impl Counters {
     }
 
     /// A `run`: only its error is counted (it answers no key).
-    pub(crate) fn ran<T, E>(&self, result: &Result<T, ExecuteError<E>>) {
+    pub(crate) fn ran<T, E>(&self, result: &Result<T, ExecuteError<E, PgError>>) {
         if let Err(ExecuteError::Db(e)) = result {
             self.error(e);
         }
@@ -269,7 +270,7 @@ impl Counters {
 
     /// An owner's call: what it did when it succeeded (`finished`, `releases`, or nothing
     /// for `extend`), or its error.
-    pub(crate) fn owned(&self, result: Result<(), &Error>, done: Owned) {
+    pub(crate) fn owned(&self, result: Result<(), &PgError>, done: Owned) {
         match (result, done) {
             (Ok(()), Owned::Finished) => self.add(Counter::Finished),
             (Ok(()), Owned::Released) => self.add(Counter::Releases),

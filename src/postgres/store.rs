@@ -9,9 +9,9 @@ use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
 use crate::config::Limits;
-use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
 use crate::outcome::ReserveOutcome;
+use crate::postgres::error::PgError;
 use crate::postgres::errors::{self, database};
 use crate::postgres::partitions::{Partitions, PgCompaction};
 use crate::postgres::rows::Found;
@@ -30,7 +30,7 @@ use crate::token::Reservation;
 ///
 /// Async: every call awaits its statements on the tokio runtime it was connected on. Every
 /// outcome returned is committed. A connection lost where a commit may have happened answers
-/// [`Error::OutcomeUnknown`]; a serialization failure or deadlock is retried inside, up to 8
+/// [`PgError::OutcomeUnknown`]; a serialization failure or deadlock is retried inside, up to 8
 /// times. Dropping the store stops its listener and compactor.
 pub struct PgStore {
     pub(super) inner: Arc<Inner>,
@@ -67,7 +67,7 @@ impl PgStore {
     /// Drops every time partition whose records have all expired, and makes the partitions
     /// the next writes will need. The background compactor does this every
     /// `compact_interval`.
-    pub async fn compact_now(&self) -> Result<PgCompaction, Error> {
+    pub async fn compact_now(&self) -> Result<PgCompaction, PgError> {
         self.inner.compact().await
     }
 
@@ -86,7 +86,7 @@ impl PgStore {
 }
 
 impl Inner {
-    pub(super) async fn compact(&self) -> Result<PgCompaction, Error> {
+    pub(super) async fn compact(&self) -> Result<PgCompaction, PgError> {
         let mut report = PgCompaction::default();
         let client = self.pool.get().await.map_err(errors::pool)?;
         let now = self.partitions.drop_expired(&client, &mut report).await?;
@@ -121,7 +121,7 @@ impl Inner {
 
     /// Makes the partition a write found missing (`at`: the partition key the server named;
     /// without it, every partition is looked at again by the next writes).
-    pub(super) async fn remake_partition(&self, at: Option<u64>) -> Result<(), Error> {
+    pub(super) async fn remake_partition(&self, at: Option<u64>) -> Result<(), PgError> {
         let Some(at) = at else {
             self.partitions.forget_all();
             return Ok(());
@@ -140,7 +140,7 @@ impl Inner {
 const MAX_RECORD_BYTES: usize = 512 << 20;
 
 /// Refuses limits a record could exceed: every record the limits accept must be storable.
-pub(super) fn record_fits(limits: &Limits) -> Result<(), Error> {
+pub(super) fn record_fits(limits: &Limits) -> Result<(), PgError> {
     let len = [
         limits.max_operation_len,
         limits.max_principal_len,
@@ -150,7 +150,7 @@ pub(super) fn record_fits(limits: &Limits) -> Result<(), Error> {
     .iter()
     .fold(0usize, |sum, l| sum.saturating_add(*l));
     if len > MAX_RECORD_BYTES {
-        return Err(Error::InvalidInput(crate::error::InputError::TooLong {
+        return Err(PgError::InvalidInput(crate::error::InputError::TooLong {
             what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
             len,
             max: MAX_RECORD_BYTES,
@@ -187,9 +187,9 @@ impl PgStore {
     /// `call`, counted as an owner's call that does `done`.
     pub(super) async fn counted(
         &self,
-        call: impl Future<Output = Result<(), Error>> + Send,
+        call: impl Future<Output = Result<(), PgError>> + Send,
         done: Owned,
-    ) -> Result<(), Error> {
+    ) -> Result<(), PgError> {
         let result = call.await;
         self.inner.counters.owned(result.as_ref().map(|_| ()), done);
         result
@@ -197,6 +197,8 @@ impl PgStore {
 }
 
 impl Store for PgStore {
+    type Error = PgError;
+
     fn limits(&self) -> &Limits {
         &self.inner.limits
     }
@@ -215,7 +217,7 @@ impl Store for PgStore {
         key: &Key,
         payload: impl Into<Payload<'p>>,
         lease: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
+    ) -> impl Future<Output = Result<ReserveOutcome, PgError>> + Send {
         let reserved = self.inner.reserve(scope, key, payload.into(), lease);
         async move {
             let result = reserved.await;
@@ -231,7 +233,7 @@ impl Store for PgStore {
         payload: impl Into<Payload<'p>>,
         lease: Duration,
         timeout: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Error>> + Send {
+    ) -> impl Future<Output = Result<ReserveOutcome, PgError>> + Send {
         let reserved = self
             .inner
             .reserve_or_wait(scope, key, payload.into(), lease, timeout);
@@ -246,7 +248,7 @@ impl Store for PgStore {
         &self,
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    ) -> impl Future<Output = Result<(), PgError>> + Send {
         let state = crate::record::RecordState::Completed;
         self.counted(
             self.inner.finish(reservation, state, response.into()),
@@ -258,7 +260,7 @@ impl Store for PgStore {
         &self,
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    ) -> impl Future<Output = Result<(), PgError>> + Send {
         let state = crate::record::RecordState::Failed;
         self.counted(
             self.inner.finish(reservation, state, response.into()),
@@ -266,7 +268,10 @@ impl Store for PgStore {
         )
     }
 
-    fn release(&self, reservation: &Reservation) -> impl Future<Output = Result<(), Error>> + Send {
+    fn release(
+        &self,
+        reservation: &Reservation,
+    ) -> impl Future<Output = Result<(), PgError>> + Send {
         self.counted(self.inner.release(reservation), Owned::Released)
     }
 
@@ -274,7 +279,7 @@ impl Store for PgStore {
         &self,
         reservation: &mut Reservation,
         lease: Duration,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    ) -> impl Future<Output = Result<(), PgError>> + Send {
         self.counted(self.inner.extend(reservation, lease), Owned::Extended)
     }
 
@@ -282,7 +287,7 @@ impl Store for PgStore {
         &self,
         scope: &Scope,
         key: &Key,
-    ) -> impl Future<Output = Result<Option<Record>, Error>> + Send {
+    ) -> impl Future<Output = Result<Option<Record>, PgError>> + Send {
         self.inner.get(scope, key)
     }
 
@@ -290,7 +295,7 @@ impl Store for PgStore {
         &self,
         reservation: &Reservation,
         lease: Duration,
-    ) -> impl Future<Output = Error> + Send {
+    ) -> impl Future<Output = PgError> + Send {
         let inner = Arc::clone(&self.inner);
         let reservation = reservation.clone();
         // On the store's runtime, so that the future may be polled by any executor (a
@@ -309,14 +314,14 @@ impl Store for PgStore {
             let mut task = task;
             match (&mut task.0).await {
                 Ok(lost) => lost,
-                Err(e) => Error::Internal(format!("the lease renewal task ended: {e}")),
+                Err(e) => PgError::Internal(format!("the lease renewal task ended: {e}")),
             }
         }
     }
 
-    fn release_detached(&self, reservation: Reservation) -> Result<(), Error> {
+    fn release_detached(&self, reservation: Reservation) -> Result<(), PgError> {
         let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::Internal("release_detached outside a tokio runtime".into()))?;
+            .map_err(|_| PgError::Internal("release_detached outside a tokio runtime".into()))?;
         let inner = Arc::clone(&self.inner);
         handle.spawn(async move {
             if let Err(e) = inner.release(&reservation).await {

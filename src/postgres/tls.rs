@@ -19,7 +19,7 @@ use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureSc
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::error::Error;
+use crate::postgres::error::PgError;
 
 /// What `sslmode` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    fn parse(value: &str) -> Result<Mode, Error> {
+    fn parse(value: &str) -> Result<Mode, PgError> {
         Ok(match value {
             "disable" => Mode::Disable,
             // libpq's `allow` tries plain first; TLS when offered is as safe.
@@ -54,8 +54,8 @@ impl Mode {
     }
 }
 
-fn invalid(why: String) -> Error {
-    Error::Database(Arc::new(std::io::Error::new(
+fn invalid(why: String) -> PgError {
+    PgError::Database(Arc::new(std::io::Error::new(
         std::io::ErrorKind::InvalidInput,
         why,
     )))
@@ -70,13 +70,13 @@ pub(crate) struct Split {
 
 /// Takes `sslmode` and `sslrootcert` out of a URL (`postgres://…?sslmode=…`) or a key=value
 /// string.
-pub(crate) fn split(conn: &str) -> Result<Split, Error> {
+pub(crate) fn split(conn: &str) -> Result<Split, PgError> {
     let mut split = Split {
         rest: String::new(),
         mode: Mode::Prefer,
         root_file: None,
     };
-    let mut take = |key: &str, value: &str| -> Result<bool, Error> {
+    let mut take = |key: &str, value: &str| -> Result<bool, PgError> {
         match key {
             "sslmode" => split.mode = Mode::parse(value)?,
             "sslrootcert" => split.root_file = Some(value.to_string()),
@@ -112,7 +112,7 @@ pub(crate) fn split(conn: &str) -> Result<Split, Error> {
 }
 
 /// `%XX` escapes of a URL's query decoded.
-fn percent_decoded(s: &str) -> Result<String, Error> {
+fn percent_decoded(s: &str) -> Result<String, PgError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -133,7 +133,7 @@ fn percent_decoded(s: &str) -> Result<String, Error> {
 }
 
 /// The `key = value` pairs of a libpq string: each key, its value unquoted, and its text.
-fn key_values(conn: &str) -> Result<Vec<(String, String, String)>, Error> {
+fn key_values(conn: &str) -> Result<Vec<(String, String, String)>, PgError> {
     let mut pairs = Vec::new();
     let mut chars = conn.char_indices().peekable();
     loop {
@@ -174,7 +174,10 @@ fn key_values(conn: &str) -> Result<Vec<(String, String, String)>, Error> {
 
 /// The connector for `mode`, trusting `roots_pem` (PEM CA certificates) or, without them,
 /// the operating system's roots.
-pub(crate) fn connector(mode: Mode, roots_pem: Option<&[u8]>) -> Result<MakeRustlsConnect, Error> {
+pub(crate) fn connector(
+    mode: Mode,
+    roots_pem: Option<&[u8]>,
+) -> Result<MakeRustlsConnect, PgError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         Mode::Disable | Mode::Prefer | Mode::Require => Arc::new(Unverified {
@@ -202,7 +205,7 @@ pub(crate) fn connector(mode: Mode, roots_pem: Option<&[u8]>) -> Result<MakeRust
 }
 
 /// The trusted roots: the PEM certificates given, else the operating system's.
-fn roots(pem: Option<&[u8]>) -> Result<RootCertStore, Error> {
+fn roots(pem: Option<&[u8]>) -> Result<RootCertStore, PgError> {
     let mut store = RootCertStore::empty();
     let certs: Vec<CertificateDer<'static>> = match pem {
         Some(pem) => CertificateDer::pem_slice_iter(pem)

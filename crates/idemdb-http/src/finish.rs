@@ -17,9 +17,9 @@ use crate::config::Shared;
 use crate::marker::Marker;
 use crate::problem::Problem;
 use crate::stored::StoredResponse;
-use idemdb::Error;
 use idemdb::Reservation;
 use idemdb::Store;
+use idemdb::{Refusal, StoreError};
 
 /// Runs the handler as the key's owner; stores its response if final, else releases the key.
 pub(crate) async fn run_handler<S, St: Store>(
@@ -131,7 +131,7 @@ async fn save<St: Store>(
     reservation: &Reservation,
     finality: Finality,
     encoded: Vec<u8>,
-) -> Result<(), Error> {
+) -> Result<(), St::Error> {
     match finality {
         Finality::Failed => db.fail(reservation, encoded).await,
         _ => db.complete(reservation, encoded).await,
@@ -163,7 +163,8 @@ impl<St: Store> Drop for ReleaseOnDrop<St> {
             // The next retry must not wait for the lease to run out.
             match self.db.release_detached(reservation) {
                 // Dropped after its answer was stored: nothing to release.
-                Ok(()) | Err(Error::NotInProgress { .. }) => {}
+                Ok(()) => {}
+                Err(e) if matches!(e.refusal(), Some(Refusal::NotInProgress { .. })) => {}
                 Err(e) => warn(&format!("key not released after a dropped request: {e}")),
             }
         }
@@ -176,7 +177,7 @@ struct Beside<M, R> {
     renewal: Option<Pin<Box<R>>>,
 }
 
-impl<M: Future + Unpin, R: Future<Output = Error>> Future for Beside<M, R> {
+impl<M: Future + Unpin, R: Future<Output: std::fmt::Display>> Future for Beside<M, R> {
     type Output = M::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<M::Output> {

@@ -9,8 +9,8 @@ use crate::config::{IdempotencyConfig, Shared};
 use crate::marker::Marker;
 use crate::service::Idempotency;
 use idemdb::IdemDb;
+use idemdb::InputError;
 use idemdb::Store;
-use idemdb::{Error, InputError};
 
 /// A tower [`Layer`] that makes a route idempotent under the `Idempotency-Key` header: the
 /// handler runs once per key and every retry gets its first response back.
@@ -34,13 +34,13 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The layer with `config` (from [`IdempotencyConfig::new`] or
     /// [`IdempotencyConfig::global_keys`]) over `db`.
     ///
-    /// Refused with [`Error::InvalidInput`] when a response or key the layer accepts could
+    /// Refused with the [`InputError`] when a response or key the layer accepts could
     /// not be stored, so that no handler's answer is ever left unstored for a limit:
     /// `max_stored_response` above the store's
     /// [`Limits::max_response_len`](idemdb::Limits::max_response_len), `max_key_len` above its
     /// [`Limits::max_key_len`](idemdb::Limits::max_key_len), a store limit too small for the
     /// layer's own marker of a too-large response, or a zero `lease`.
-    pub fn new(db: Arc<St>, config: IdempotencyConfig) -> Result<Self, Error> {
+    pub fn new(db: Arc<St>, config: IdempotencyConfig) -> Result<Self, InputError> {
         check_fits(&*db, &config)?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared { db, config }),
@@ -48,7 +48,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 }
 
-fn check_fits<St: Store>(db: &St, config: &IdempotencyConfig) -> Result<(), Error> {
+fn check_fits<St: Store>(db: &St, config: &IdempotencyConfig) -> Result<(), InputError> {
     let limits = db.limits();
     let marker = Marker::max_encoded_len(&config.problem_type_prefix);
     let checks = [
@@ -62,11 +62,11 @@ fn check_fits<St: Store>(db: &St, config: &IdempotencyConfig) -> Result<(), Erro
     ];
     for (what, len, max) in checks {
         if len > max {
-            return Err(Error::InvalidInput(InputError::TooLong { what, len, max }));
+            return Err(InputError::TooLong { what, len, max });
         }
     }
     if config.lease.is_zero() {
-        return Err(Error::InvalidInput(InputError::ZeroLease));
+        return Err(InputError::ZeroLease);
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use common::acquired;
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{Error, Heartbeat, IdemDb, Key, PgStore, ReserveOutcome, Scope, Store};
+use idemdb::{Heartbeat, IdemDb, Key, PgStore, Refusal, ReserveOutcome, Scope, Store, StoreError};
 use idemdb_http::{IdempotencyConfig, IdempotencyLayer};
 use tower::ServiceExt;
 
@@ -94,14 +94,19 @@ async fn a_stopped_owner_is_taken_over_after_about_one_lease<S: Store>(db: Arc<S
     );
     assert!(taken.is_takeover() && taken.token() > r.token());
     assert!(matches!(
-        db.complete(&r, b"late".to_vec()).await,
-        Err(Error::Fenced { .. })
+        db.complete(&r, b"late".to_vec())
+            .await
+            .map_err(|e| e.refusal()),
+        Err(Some(Refusal::Fenced { .. }))
     ));
     // A heartbeat of a reservation taken over ends, and says so.
     let beat = Heartbeat::start(Arc::clone(&db), &r, LEASE).unwrap();
     tokio::time::sleep(LEASE).await;
     assert!(beat.is_lost());
-    assert!(matches!(beat.stop(), Err(Error::Fenced { .. })));
+    assert!(matches!(
+        beat.stop().map_err(|e| e.refusal()),
+        Err(Some(Refusal::Fenced { .. }))
+    ));
 }
 
 /// The layer's handler takes three leases; the same request is sent again every quarter

@@ -8,7 +8,7 @@ use common::{LEASE, T0, acquired};
 
 use std::time::Duration;
 
-use idemdb::{Error, Key, RecordState, Reservation, ReserveOutcome, Scope, Store};
+use idemdb::{Key, RecordState, Refusal, Reservation, ReserveOutcome, Scope, Store, StoreError};
 
 fn scope() -> Scope {
     Scope::new("POST /transfers", "acct-1")
@@ -128,7 +128,7 @@ async fn assert_all_refused<S: Store>(
     db: &S,
     key: &Key,
     stale: &Reservation,
-    expected: impl Fn(&Error) -> bool,
+    expected: impl Fn(&Refusal) -> bool,
 ) {
     let before = db.get(&scope(), key).await.unwrap();
     let mut stale_mut = stale.clone();
@@ -143,7 +143,7 @@ async fn assert_all_refused<S: Store>(
     ];
     for (what, result) in results {
         match result {
-            Err(e) if expected(&e) => {}
+            Err(e) if e.refusal().is_some_and(|r| expected(&r)) => {}
             other => panic!("{what}: unexpected {other:?}"),
         }
         assert_eq!(
@@ -168,7 +168,7 @@ async fn after_a_takeover_the_old_owner_is_fenced<S: Store>(under: Under<S>) {
         db,
         &key,
         &a,
-        |e| matches!(e, Error::Fenced { presented: p, current: c } if *p == presented && *c == current),
+        |e| matches!(e, Refusal::Fenced { presented: p, current: c } if *p == presented && *c == current),
     ).await;
     let rec = db.get(&scope(), &key).await.unwrap().unwrap();
     assert_eq!(rec.state, RecordState::InProgress);
@@ -182,7 +182,7 @@ async fn after_a_takeover_the_old_owner_is_fenced<S: Store>(under: Under<S>) {
         db,
         &key,
         &a,
-        |e| matches!(e, Error::Fenced { presented: p, current: c } if *p == presented && *c == current),
+        |e| matches!(e, Refusal::Fenced { presented: p, current: c } if *p == presented && *c == current),
     ).await;
     assert_eq!(
         db.reserve(&scope(), &key, b"p", LEASE).await.unwrap(),
@@ -197,7 +197,7 @@ async fn after_release_the_old_reservation_is_unknown_then_fenced<S: Store>(unde
     let a = acquired(db.reserve(&scope(), &key, b"p", LEASE).await.unwrap());
     db.release(&a).await.unwrap();
 
-    assert_all_refused(db, &key, &a, |e| matches!(e, Error::UnknownRecord)).await;
+    assert_all_refused(db, &key, &a, |e| matches!(e, Refusal::UnknownRecord)).await;
     assert_eq!(
         db.get(&scope(), &key).await.unwrap(),
         None,
@@ -214,7 +214,7 @@ async fn after_release_the_old_reservation_is_unknown_then_fenced<S: Store>(unde
         db,
         &key,
         &a,
-        |e| matches!(e, Error::Fenced { presented: p, current: c } if *p == presented && *c == current),
+        |e| matches!(e, Refusal::Fenced { presented: p, current: c } if *p == presented && *c == current),
     ).await;
     db.complete(&b, b"b".to_vec()).await.unwrap();
 }
@@ -228,7 +228,7 @@ async fn finishing_twice_is_not_in_progress<S: Store>(under: Under<S>) {
     assert_all_refused(db, &key, &r, |e| {
         matches!(
             e,
-            Error::NotInProgress {
+            Refusal::NotInProgress {
                 state: RecordState::Completed
             }
         )
@@ -245,7 +245,7 @@ async fn finishing_twice_is_not_in_progress<S: Store>(under: Under<S>) {
     assert_all_refused(db, &key, &r, |e| {
         matches!(
             e,
-            Error::NotInProgress {
+            Refusal::NotInProgress {
                 state: RecordState::Failed
             }
         )

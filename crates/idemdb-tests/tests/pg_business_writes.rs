@@ -143,7 +143,7 @@ fn complete_with_commits_with_the_record_and_a_stale_owner_runs_nothing() {
             .await;
         assert!(matches!(
             again,
-            Err(ExecuteError::Db(idemdb::Error::NotInProgress { .. }))
+            Err(ExecuteError::Db(idemdb::PgError::NotInProgress { .. }))
         ));
         assert_eq!(orders(&db).await, [("o-1".to_string(), 7)]);
     });
@@ -254,7 +254,7 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
             })
             .await;
         assert!(
-            matches!(result, Err(ExecuteError::Db(idemdb::Error::Database(_)))),
+            matches!(result, Err(ExecuteError::Db(idemdb::PgError::Database(_)))),
             "{result:?}"
         );
         let rec = db.get(&scope, &key).await.unwrap().unwrap();
@@ -277,7 +277,7 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
             })
             .await;
         assert!(
-            matches!(result, Err(ExecuteError::Db(idemdb::Error::Database(_)))),
+            matches!(result, Err(ExecuteError::Db(idemdb::PgError::Database(_)))),
             "{result:?}"
         );
         assert_eq!(db.get(&scope, &k2).await.unwrap(), None);

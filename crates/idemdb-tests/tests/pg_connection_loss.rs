@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, acquired};
 use idemdb::{
-    Error, ExecuteError, ExecuteOutcome, Key, Outcome, PgStore, PgTx, RecordState, Retention,
+    ExecuteError, ExecuteOutcome, Key, Outcome, PgError, PgStore, PgTx, RecordState, Retention,
     Scope, Store,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -253,7 +253,7 @@ fn scope() -> Scope {
 async fn execute(
     store: &PgStore,
     key: &Key,
-) -> Result<ExecuteOutcome, ExecuteError<idemdb::tokio_postgres::Error>> {
+) -> Result<ExecuteOutcome, ExecuteError<idemdb::tokio_postgres::Error, PgError>> {
     store
         .execute(&scope(), key, b"req", |_tx: &mut PgTx<'_>| {
             Box::pin(async move {
@@ -272,7 +272,7 @@ fn a_connection_lost_after_commit_was_sent_is_outcome_unknown_and_did_commit() {
         let result = execute(&through, &key).await;
         proxy.settled().await;
         match result {
-            Err(ExecuteError::Db(e @ Error::OutcomeUnknown(_))) => {
+            Err(ExecuteError::Db(e @ PgError::OutcomeUnknown(_))) => {
                 assert!(e.is_outcome_unknown());
                 // Worded for this store: read the record; there is nothing to reopen.
                 let text = e.to_string();
@@ -307,7 +307,7 @@ fn a_connection_lost_before_commit_is_an_error_and_nothing_is_committed() {
         let result = execute(&through, &key).await;
         proxy.settled().await;
         match result {
-            Err(ExecuteError::Db(e @ Error::Database(_))) => assert!(!e.is_outcome_unknown()),
+            Err(ExecuteError::Db(e @ PgError::Database(_))) => assert!(!e.is_outcome_unknown()),
             other => panic!("expected a plain database error, got {other:?}"),
         }
         // The server rolled the transaction back when the connection went.
@@ -326,7 +326,7 @@ fn a_commit_sent_but_never_received_is_still_outcome_unknown() {
         let result = execute(&through, &key).await;
         proxy.settled().await;
         assert!(
-            matches!(result, Err(ExecuteError::Db(Error::OutcomeUnknown(_)))),
+            matches!(result, Err(ExecuteError::Db(PgError::OutcomeUnknown(_)))),
             "{result:?}"
         );
         // "Unknown" meant it: this time nothing committed, and a retry executes.
@@ -364,7 +364,7 @@ async fn reserve_cut(cut: Cut) -> (PgStore, PgStore, Key) {
     let result = through.reserve(&scope(), &key, b"req", LEASE).await;
     proxy.settled().await;
     assert!(
-        matches!(result, Err(Error::OutcomeUnknown(_))),
+        matches!(result, Err(PgError::OutcomeUnknown(_))),
         "{result:?}"
     );
     (through, direct, key)
@@ -429,7 +429,7 @@ fn an_autocommit_complete_cut_after_it_was_sent_is_outcome_unknown_and_did_commi
         let result = through.complete(&r, b"the answer".to_vec()).await;
         proxy.settled().await;
         assert!(
-            matches!(result, Err(Error::OutcomeUnknown(_))),
+            matches!(result, Err(PgError::OutcomeUnknown(_))),
             "{result:?}"
         );
         let rec = direct.get(&scope(), &Key::new("k")).await.unwrap().unwrap();

@@ -7,7 +7,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use common::stores::{admin, fresh_database_url, runtime};
-use idemdb::{Error, Key, PgStore, Scope, Store};
+use idemdb::{Key, PgError, PgStore, Scope, Store};
 
 #[test]
 fn a_database_error_shows_the_server_s_sqlstate_message_and_detail() {
@@ -31,7 +31,7 @@ fn a_database_error_shows_the_server_s_sqlstate_message_and_detail() {
             .await
             .unwrap_err();
         let text = e.to_string();
-        assert!(matches!(e, Error::Database(_)), "{e:?}");
+        assert!(matches!(e, PgError::Database(_)), "{e:?}");
         for said in [
             "23514",
             "violates check constraint \"frozen\"",

@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::stores::{Under, accounts, accounts_table, postgres, postgres_with, runtime};
 
 use idemdb::tokio_postgres;
-use idemdb::{Consumed, Error, ExecuteError, PgFuture, PgStore, PgTx, Retention, pg_handler};
+use idemdb::{Consumed, ExecuteError, PgError, PgFuture, PgStore, PgTx, Retention, pg_handler};
 
-type Answers = Vec<Result<Consumed, ExecuteError<String>>>;
+type Answers = Vec<Result<Consumed, ExecuteError<String, PgError>>>;
 
 /// A store on a fresh database with a table `ledger`, and a count of handler runs.
 async fn ledger_store() -> (Under<PgStore>, Arc<AtomicU32>) {
@@ -123,7 +123,7 @@ async fn around(
     db: &PgStore,
     runs: &Arc<AtomicU32>,
     does: Does,
-) -> Result<Consumed, ExecuteError<String>> {
+) -> Result<Consumed, ExecuteError<String, PgError>> {
     let messages = [("a", Does::Writes), ("b", does), ("c", Does::Writes)]
         .map(|(id, does)| (id, handler(id, runs, does)));
     let mut answers = db.consume_batch("ledger", messages).await.unwrap();
@@ -169,7 +169,7 @@ fn a_handler_that_swallows_a_failed_statement_gets_a_database_error_alone() {
         // runs and commits.
         let b = around(db, &runs, Does::Swallows).await;
         assert!(
-            matches!(b, Err(ExecuteError::Db(Error::Database(_)))),
+            matches!(b, Err(ExecuteError::Db(PgError::Database(_)))),
             "{b:?}"
         );
         assert_eq!(
@@ -349,7 +349,10 @@ fn an_empty_poll_and_a_poll_of_refused_ids_take_no_connection() {
         .expect("answered without a connection")
         .unwrap();
         assert!(
-            matches!(refused[..], [Err(ExecuteError::Db(Error::InvalidInput(_)))]),
+            matches!(
+                refused[..],
+                [Err(ExecuteError::Db(PgError::InvalidInput(_)))]
+            ),
             "{refused:?}"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 0);
@@ -399,7 +402,7 @@ fn run_commits_on_ok_and_commits_nothing_on_err() {
             })
             .await;
         assert!(
-            matches!(swallowed, Err(ExecuteError::Db(Error::Database(_)))),
+            matches!(swallowed, Err(ExecuteError::Db(PgError::Database(_)))),
             "{swallowed:?}"
         );
         assert_eq!(ledger(db).await, rows(&[("ran", 1)]));

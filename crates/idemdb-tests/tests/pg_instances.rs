@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, T0, acquired};
-use idemdb::{Error, ExecuteError, Key, PgStore, ReserveOutcome, Scope, Store};
+use idemdb::{ExecuteError, Key, PgError, PgStore, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::ServerClock;
 
 /// An instance on `url`: the schema migrated (by whichever instance comes first).
@@ -46,8 +46,8 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
         assert!(on_b.token() > on_a.token());
 
         // Every late call of A's is refused by the database's guard, naming both tokens.
-        let fenced = |e: &Error| {
-            matches!(e, Error::Fenced { presented, current }
+        let fenced = |e: &PgError| {
+            matches!(e, PgError::Fenced { presented, current }
                 if *presented == on_a.token() && *current == on_b.token())
         };
         let late = a.complete(&on_a, b"A's late answer".to_vec()).await;
@@ -67,7 +67,7 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
                 let ran = Arc::clone(&ran);
                 Box::pin(async move {
                     ran.store(true, std::sync::atomic::Ordering::SeqCst);
-                    Ok::<_, Error>(())
+                    Ok::<_, PgError>(())
                 })
             })
             .await;
@@ -102,7 +102,7 @@ fn a_takeover_in_real_time_fences_the_owner_that_outlived_its_lease() {
         assert!(on_b.is_takeover() && on_b.token() > on_a.token());
         assert!(matches!(
             a.complete(&on_a, b"late".to_vec()).await,
-            Err(Error::Fenced { .. })
+            Err(PgError::Fenced { .. })
         ));
         b.complete(&on_b, b"ok".to_vec()).await.unwrap();
     });
@@ -237,7 +237,7 @@ fn tokens_increase_across_instances_and_reservations_belong_to_their_database() 
         );
         assert!(matches!(
             elsewhere.complete(&r, b"x".to_vec()).await,
-            Err(Error::ForeignReservation)
+            Err(PgError::ForeignReservation)
         ));
         assert_eq!(
             elsewhere.get(&scope(), &Key::new("mine")).await.unwrap(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::acquired;
 use common::stores::{fresh_database_url, runtime};
 use idemdb::{
-    Error, InputError, Key, Limits, Outcome, PgStore, PgTx, ReserveOutcome, Scope, Store,
+    InputError, Key, Limits, Outcome, PgError, PgStore, PgTx, ReserveOutcome, Scope, Store,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -33,7 +33,7 @@ fn wide_limits() -> Limits {
     limits
 }
 
-async fn instance(url: &str, limits: Limits) -> Result<Arc<PgStore>, Error> {
+async fn instance(url: &str, limits: Limits) -> Result<Arc<PgStore>, PgError> {
     let builder = PgStore::builder(url).unwrap().limits(limits);
     builder.migrate().await?;
     Ok(Arc::new(builder.connect().await?))
@@ -77,7 +77,7 @@ fn a_3_kb_incompressible_key_and_the_longest_parts_are_stored_and_replayed() {
         let key = Key::new(incompressible(16 * 1024, 5));
         let ran = a
             .execute(&scope, &key, b"req", |_tx: &mut PgTx<'_>| {
-                Box::pin(async { Ok::<_, Error>(Outcome::Completed(b"done".to_vec())) })
+                Box::pin(async { Ok::<_, PgError>(Outcome::Completed(b"done".to_vec())) })
             })
             .await
             .unwrap();
@@ -102,7 +102,7 @@ fn limits_a_record_could_not_hold_are_refused_at_connect() {
         assert!(
             matches!(
                 refused,
-                Err(Error::InvalidInput(InputError::TooLong { .. }))
+                Err(PgError::InvalidInput(InputError::TooLong { .. }))
             ),
             "{:?}",
             refused.err()

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::chaos::ChaosProxy;
 use common::stores::{Skewed, runtime};
-use idemdb::{Error, FencingToken, Key, PgStore, RecordState, ReserveOutcome, Scope, Store};
+use idemdb::{FencingToken, Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::TestServer;
 use parking_lot::Mutex;
 
@@ -66,8 +66,8 @@ fn payload(i: usize) -> Vec<u8> {
 }
 
 /// Whether an error is one a client retries (the store or the connection failed).
-fn transient(e: &Error) -> bool {
-    matches!(e, Error::Database(_) | Error::OutcomeUnknown(_))
+fn transient(e: &PgError) -> bool {
+    matches!(e, PgError::Database(_) | PgError::OutcomeUnknown(_))
 }
 
 fn set_run(ledger: &Mutex<Ledger>, i: usize, token: FencingToken, to: Run) {
@@ -115,7 +115,7 @@ async fn send(store: &PgStore, i: usize, ledger: &Mutex<Ledger>) -> Vec<u8> {
                     return answer;
                 }
                 // An earlier try committed without an answer: read it back.
-                Err(Error::NotInProgress {
+                Err(PgError::NotInProgress {
                     state: RecordState::Completed,
                 }) => {
                     let stored = loop {
@@ -133,7 +133,7 @@ async fn send(store: &PgStore, i: usize, ledger: &Mutex<Ledger>) -> Vec<u8> {
                     ledger.lock().acked.insert(i, answer.clone());
                     return answer;
                 }
-                Err(Error::Fenced { .. }) => {
+                Err(PgError::Fenced { .. }) => {
                     set_run(ledger, i, r.token(), Run::Fenced);
                     break;
                 }

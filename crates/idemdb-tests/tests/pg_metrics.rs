@@ -10,11 +10,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 
 use common::stores::{SCRIPT_WRITES, embedded, postgres, postgres_with, runtime, script};
 use common::{LEASE, acquired};
-use idemdb::{Error, ExecuteOutcome, Key, Outcome, PgTx, ReserveOutcome, Retention, Scope, Store};
+use idemdb::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope, Store};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 /// The global recorder's snapshotter, and the right to read it alone.
@@ -139,7 +138,7 @@ fn each_durable_write_is_one_commit_sample() {
         for _ in 0..2 {
             let out = db
                 .execute(&scope, &Key::new("e"), b"req", |_tx: &mut PgTx<'_>| {
-                    Box::pin(async { Ok::<_, Error>(Outcome::Completed(b"e".to_vec())) })
+                    Box::pin(async { Ok::<_, PgError>(Outcome::Completed(b"e".to_vec())) })
                 })
                 .await
                 .unwrap();
@@ -156,14 +155,14 @@ fn each_durable_write_is_one_commit_sample() {
                 .unwrap(),
         );
         db.complete_with(&r, b"201".to_vec(), |_tx: &mut PgTx<'_>| {
-            Box::pin(async { Ok::<_, Error>(()) })
+            Box::pin(async { Ok::<_, PgError>(()) })
         })
         .await
         .unwrap();
         writes += 2;
         assert!(
             db.complete_with(&r, b"again".to_vec(), |_tx: &mut PgTx<'_>| {
-                Box::pin(async { Ok::<_, Error>(()) })
+                Box::pin(async { Ok::<_, PgError>(()) })
             })
             .await
             .is_err()
@@ -247,8 +246,9 @@ fn a_poll_is_one_commit_whose_batch_is_the_messages_it_executed() {
         let db = &*under.db;
         let poll = |ids: &'static [&'static str]| {
             ids.iter().map(|id| {
-                let handler =
-                    idemdb::pg_handler(|_tx: &mut PgTx<'_>| Box::pin(async { Ok::<_, Error>(()) }));
+                let handler = idemdb::pg_handler(|_tx: &mut PgTx<'_>| {
+                    Box::pin(async { Ok::<_, PgError>(()) })
+                });
                 (*id, handler)
             })
         };

@@ -149,7 +149,7 @@ fn an_owner_whose_record_expired_is_told_it_is_unknown() {
         clock.advance(LEASE + TTL);
         assert!(matches!(
             db.complete(&r, b"late".to_vec()).await,
-            Err(idemdb::Error::UnknownRecord)
+            Err(idemdb::PgError::UnknownRecord)
         ));
     });
 }

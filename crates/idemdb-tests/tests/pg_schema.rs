@@ -4,7 +4,7 @@
 mod common;
 
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{Error, PgStore};
+use idemdb::{PgError, PgStore};
 
 /// The schema version this build writes.
 const SCHEMA: u32 = 3;
@@ -17,7 +17,7 @@ fn connect_refuses_a_database_without_the_schema() {
         let url = fresh_database_url();
         let refused = PgStore::builder(&url).unwrap().connect().await;
         assert!(
-            matches!(refused, Err(Error::NotIdemdb(_))),
+            matches!(refused, Err(PgError::NotMigrated(_))),
             "{:?}",
             refused.err()
         );
@@ -82,7 +82,7 @@ fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
         assert!(
             matches!(
                 refused,
-                Err(Error::UnsupportedFormat {
+                Err(PgError::UnsupportedFormat {
                     found: 99,
                     supported: SCHEMA
                 })
@@ -95,7 +95,7 @@ fn a_schema_of_a_newer_build_is_refused_by_connect_and_by_migrate() {
         assert!(
             matches!(
                 migrated,
-                Err(Error::UnsupportedFormat {
+                Err(PgError::UnsupportedFormat {
                     found: 99,
                     supported: SCHEMA
                 })
@@ -189,7 +189,7 @@ fn a_version_2_schema_is_upgraded_and_its_stripe_locks_still_exclude_the_new_res
         .await;
         let refused = PgStore::builder(&url).unwrap().connect().await;
         assert!(
-            matches!(&refused, Err(Error::NotIdemdb(m)) if m.contains("older")),
+            matches!(&refused, Err(PgError::NotMigrated(m)) if m.contains("older")),
             "{:?}",
             refused.err()
         );

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::stores::runtime;
-use idemdb::{Error, Key, PgStore, RecordState, ReserveOutcome, Scope, Store};
+use idemdb::{Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::TestServer;
 use parking_lot::Mutex;
 
@@ -50,7 +50,7 @@ async fn worker(
                 // and the key is held until its lease ends. Never acquired twice.
                 Ok(ReserveOutcome::InProgress { .. }) => break None,
                 Ok(other) => panic!("{name}: {other:?}"),
-                Err(Error::OutcomeUnknown(_) | Error::Database(_)) => {
+                Err(PgError::OutcomeUnknown(_) | PgError::Database(_)) => {
                     errors.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -65,10 +65,10 @@ async fn worker(
                     break;
                 }
                 // An earlier attempt committed without an answer.
-                Err(Error::NotInProgress {
+                Err(PgError::NotInProgress {
                     state: RecordState::Completed,
                 }) => break,
-                Err(Error::OutcomeUnknown(_) | Error::Database(_)) => {
+                Err(PgError::OutcomeUnknown(_) | PgError::Database(_)) => {
                     errors.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }

@@ -2,10 +2,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::stores::{postgres_with, runtime, script};
-use idemdb::{Error, ExecuteOutcome, Key, Outcome, PgTx, ReserveOutcome, Retention, Scope, Store};
+use idemdb::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope};
 
 #[test]
 fn every_answer_is_counted_once() {
@@ -17,7 +15,7 @@ fn every_answer_is_counted_once() {
         for _ in 0..2 {
             let out = db
                 .execute(&scope, &Key::new("5"), b"req", |_tx: &mut PgTx<'_>| {
-                    Box::pin(async move { Ok::<_, Error>(Outcome::Completed(b"5".to_vec())) })
+                    Box::pin(async move { Ok::<_, PgError>(Outcome::Completed(b"5".to_vec())) })
                 })
                 .await
                 .unwrap();

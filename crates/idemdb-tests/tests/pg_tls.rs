@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{Error, Key, PgStore, ReserveOutcome, Scope, Store};
+use idemdb::{Key, PgError, PgStore, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::TestServer;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
@@ -47,7 +47,7 @@ fn with(url: &str, host: &str, query: &str) -> String {
 }
 
 /// Migrates, connects and runs one reservation; whether the store's connection is TLS.
-async fn use_store(builder: idemdb::PgStoreBuilder) -> Result<bool, Error> {
+async fn use_store(builder: idemdb::PgStoreBuilder) -> Result<bool, PgError> {
     builder.migrate().await?;
     let store = builder.connect().await?;
     let outcome = store
@@ -76,9 +76,9 @@ fn rand_suffix() -> u64 {
     u64::from_le_bytes(b)
 }
 
-fn assert_refused(result: Result<bool, Error>, says: &str) {
+fn assert_refused(result: Result<bool, PgError>, says: &str) {
     match result {
-        Err(e @ Error::Database(_)) => {
+        Err(e @ PgError::Database(_)) => {
             let text = e.to_string();
             assert!(text.contains(says), "{says:?} missing from: {text}");
         }
@@ -152,7 +152,7 @@ fn require_refuses_a_server_without_tls() {
     runtime().block_on(async {
         let plain = format!("{url}?sslmode=require");
         let result = PgStore::builder(&plain).unwrap().migrate().await;
-        assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
+        assert!(matches!(result, Err(PgError::Database(_))), "{result:?}");
         // prefer falls back to plain.
         assert!(!use_store(PgStore::builder(&url).unwrap()).await.unwrap());
     });

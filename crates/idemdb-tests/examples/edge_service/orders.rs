@@ -6,7 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idemdb::redb::{ReadableTableMetadata, TableDefinition, TableError};
-use idemdb::{Error, ExecuteError, IdemDb, PgStore, PgTx, Reservation, Store, tokio_postgres};
+use idemdb::{
+    Error, ExecuteError, IdemDb, PgError, PgStore, PgTx, Reservation, Store, tokio_postgres,
+};
 
 use crate::BoxError;
 
@@ -55,7 +57,7 @@ pub trait OrderStore: Store {
         &self,
         r: &Reservation,
         order: &Order,
-    ) -> impl Future<Output = Result<(), ExecuteError<BoxError>>> + Send;
+    ) -> impl Future<Output = Result<(), ExecuteError<BoxError, Self::Error>>> + Send;
 
     /// How many orders are stored.
     fn count_orders(self: Arc<Self>) -> impl Future<Output = Result<u64, BoxError>> + Send;
@@ -100,7 +102,7 @@ impl OrderStore for PgStore {
         &self,
         r: &Reservation,
         order: &Order,
-    ) -> Result<(), ExecuteError<BoxError>> {
+    ) -> Result<(), ExecuteError<BoxError, PgError>> {
         let row = [
             &order.id,
             &order.key,

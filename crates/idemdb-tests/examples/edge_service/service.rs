@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idemdb::{Error, ExecuteError, IdemDb, Key, Reservation, ReserveOutcome, Scope};
+use idemdb::{ExecuteError, IdemDb, Key, Refusal, Reservation, ReserveOutcome, Scope, StoreError};
 use serde::Deserialize;
 
 use crate::orders::{ORDERS, Order, OrderStore, connect_postgres};
@@ -234,14 +234,14 @@ async fn charge_and_complete<S: OrderStore>(
 }
 
 /// The owner could not finish: fenced (a retry took over; it answers), or a store error.
-async fn owner_error<S: OrderStore>(s: &Service<S>, r: &Reservation, e: Error) -> Response {
-    match e {
-        Error::Fenced { .. } => {
+async fn owner_error<S: OrderStore>(s: &Service<S>, r: &Reservation, e: S::Error) -> Response {
+    match e.refusal() {
+        Some(Refusal::Fenced { .. }) => {
             bump(&s.counters.fenced);
             in_progress(Duration::from_secs(1))
         }
-        e if e.is_outcome_unknown() => answer(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-        e => release(s, r, &e.to_string()).await,
+        _ if e.is_outcome_unknown() => answer(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        _ => release(s, r, &e.to_string()).await,
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemdb::{
-    Clock, Error, IdemDb, Key, ManualClock, PgStore, ReserveOutcome, Retention, Scope, Store,
+    Clock, IdemDb, Key, ManualClock, PgStore, Refusal, ReserveOutcome, Retention, Scope, Store,
+    StoreError,
 };
 use idemdb_testkit::postgres::{ServerClock, TestServer};
 use tempfile::TempDir;
@@ -213,9 +214,10 @@ pub async fn script<S: Store>(under: &Under<S>) {
     clock.advance(LEASE + Duration::from_millis(1));
     let r4b = acquired(db.reserve(&scope, &k("4"), b"req", LEASE).await.unwrap());
     assert!(r4b.is_takeover());
+    let late = db.complete(&r4, b"late".to_vec()).await;
     assert!(matches!(
-        db.complete(&r4, b"late".to_vec()).await,
-        Err(Error::Fenced { .. })
+        late.map_err(|e| e.refusal()),
+        Err(Some(Refusal::Fenced { .. }))
     ));
     db.complete(&r4b, b"ok".to_vec()).await.unwrap();
 }

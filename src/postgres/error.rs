@@ -1,0 +1,184 @@
+//! `PgError`: what the PostgreSQL store's calls fail with. The protocol's refusals are the
+//! embedded engine's ([`Refusal`]); the rest is the server's or the connection's, in their
+//! words. No variant of the embedded engine's storage (redb, the write-ahead log) is here.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, ExecuteError, InputError, Refusal};
+use crate::fencing::FencingToken;
+use crate::state::RecordState;
+use crate::store::StoreError;
+
+/// An error of [`PgStore`](crate::PgStore). Cheap to clone.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum PgError {
+    /// The input was refused (a key, scope or response over the limits, a zero lease, a
+    /// setting out of range); nothing was sent.
+    InvalidInput(InputError),
+    /// The reservation's token is stale: the record was taken over.
+    Fenced {
+        /// The token the caller presented.
+        presented: FencingToken,
+        /// The token that owns the record now.
+        current: FencingToken,
+    },
+    /// No live record exists for the reservation (released, or expired and gone).
+    UnknownRecord,
+    /// The record is no longer in progress.
+    NotInProgress {
+        /// Its state.
+        state: RecordState,
+    },
+    /// The reservation was issued by another database (or another store).
+    ForeignReservation,
+    /// The schema is newer than this build supports: run the newer build's `migrate`, or
+    /// this build against a database of its own version.
+    UnsupportedFormat {
+        /// The schema version found.
+        found: u32,
+        /// The newest this build knows.
+        supported: u32,
+    },
+    /// The database has no idemdb schema, or an older one: run
+    /// [`PgStoreBuilder::migrate`](crate::PgStoreBuilder::migrate).
+    NotMigrated(String),
+    /// A stored row is not one this store writes.
+    Corrupted(String),
+    /// The connection was lost after a write was sent: it may have committed. Read the
+    /// record to learn which.
+    OutcomeUnknown(Arc<dyn std::error::Error + Send + Sync>),
+    /// A typed value could not be encoded or decoded.
+    Codec(Arc<serde_json::Error>),
+    /// A bug in idemdb, or a thread or task it could not start.
+    Internal(String),
+    /// The server refused a statement, or could not be reached; nothing was committed. In
+    /// the server's words (SQLSTATE included) or the driver's.
+    Database(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PgError::UnsupportedFormat { found, supported } => write!(
+                f,
+                "schema version {found} is newer than this build supports ({supported})"
+            ),
+            PgError::NotMigrated(why) => write!(f, "not migrated: {why}"),
+            PgError::Corrupted(why) => write!(f, "corrupted data: {why}"),
+            PgError::OutcomeUnknown(e) => write!(f, "outcome unknown: {e}"),
+            PgError::Codec(e) => write!(f, "typed value codec: {e}"),
+            PgError::Internal(why) => write!(f, "internal error (a bug in idemdb): {why}"),
+            PgError::Database(e) => write!(f, "database: {e}"),
+            refused => match refused.refusal() {
+                Some(refusal) => write!(f, "{refusal}"),
+                None => Ok(()),
+            },
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PgError::OutcomeUnknown(e) | PgError::Database(e) => Some(&**e),
+            PgError::Codec(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+impl PgError {
+    /// Whether a write may have committed: the connection was lost after it was sent. Read
+    /// the record to learn it.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, PgError::OutcomeUnknown(_))
+    }
+}
+
+impl StoreError for PgError {
+    fn refusal(&self) -> Option<Refusal> {
+        Some(match self {
+            PgError::InvalidInput(e) => Refusal::InvalidInput(e.clone()),
+            PgError::Fenced { presented, current } => Refusal::Fenced {
+                presented: *presented,
+                current: *current,
+            },
+            PgError::UnknownRecord => Refusal::UnknownRecord,
+            PgError::NotInProgress { state } => Refusal::NotInProgress { state: *state },
+            PgError::ForeignReservation => Refusal::ForeignReservation,
+            _ => return None,
+        })
+    }
+
+    fn is_outcome_unknown(&self) -> bool {
+        PgError::is_outcome_unknown(self)
+    }
+
+    fn is_transient(&self) -> bool {
+        matches!(self, PgError::OutcomeUnknown(_) | PgError::Database(_))
+    }
+
+    fn codec(error: serde_json::Error) -> Self {
+        PgError::Codec(Arc::new(error))
+    }
+
+    fn internal(what: String) -> Self {
+        PgError::Internal(what)
+    }
+}
+
+impl From<Refusal> for PgError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::InvalidInput(e) => PgError::InvalidInput(e),
+            Refusal::Fenced { presented, current } => PgError::Fenced { presented, current },
+            Refusal::UnknownRecord => PgError::UnknownRecord,
+            Refusal::NotInProgress { state } => PgError::NotInProgress { state },
+            Refusal::ForeignReservation => PgError::ForeignReservation,
+        }
+    }
+}
+
+/// The checks and decisions both stores share (input limits, `check_owner`, record
+/// encoding) answer with the embedded engine's [`Error`], only ever with a refusal, a
+/// corruption or a codec error; anything else would be a bug here.
+impl From<Error> for PgError {
+    fn from(e: Error) -> Self {
+        if let Some(refusal) = e.refusal() {
+            return refusal.into();
+        }
+        match e {
+            Error::Corrupted(why) => PgError::Corrupted(why),
+            Error::Codec(e) => PgError::Codec(e),
+            Error::UnsupportedFormat { found, supported } => {
+                PgError::UnsupportedFormat { found, supported }
+            }
+            Error::OutcomeUnknown(e) => PgError::OutcomeUnknown(e),
+            Error::Internal(why) => PgError::Internal(why),
+            other => PgError::Internal(format!("an embedded engine's error in PgStore: {other}")),
+        }
+    }
+}
+
+impl<E> From<PgError> for ExecuteError<E, PgError> {
+    fn from(e: PgError) -> Self {
+        ExecuteError::Db(e)
+    }
+}
+
+impl<E> From<Error> for ExecuteError<E, PgError> {
+    fn from(e: Error) -> Self {
+        ExecuteError::Db(e.into())
+    }
+}
+
+/// For closures whose own error type is [`PgError`]: either way it is one error.
+impl From<ExecuteError<PgError, PgError>> for PgError {
+    fn from(e: ExecuteError<PgError, PgError>) -> Self {
+        match e {
+            ExecuteError::Closure(e) | ExecuteError::Db(e) => e,
+        }
+    }
+}
