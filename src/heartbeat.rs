@@ -17,7 +17,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::error::Error;
-use crate::store::{Store, StoreError};
+use crate::error::StoreError;
+use crate::store::Store;
 use crate::token::Reservation;
 
 /// Renews a reservation's lease in the background, on a thread of its own, until it is

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Limits;
 use crate::db::IdemDb;
-use crate::error::{Error, Refusal};
+use crate::error::{Error, StoreError};
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::ReserveOutcome;
 use crate::record::Record;
@@ -206,50 +206,5 @@ impl Store for IdemDb {
             let sleep = |d| Sleep::until(timer, Instant::now() + d);
             crate::renewal::renew(reservation, lease, extend, sleep).await
         }
-    }
-}
-
-/// What generic code (the HTTP layer, [`Typed`](crate::Typed), the lease renewal loop, a
-/// service's own code over either store) needs to know of a store's error, whichever store it
-/// came from.
-pub trait StoreError: std::error::Error + Clone + Send + Sync + 'static {
-    /// The protocol's refusal this error is, if it is one: the same for every store.
-    fn refusal(&self) -> Option<Refusal>;
-
-    /// A write whose outcome is unknown: it may have committed. Read the record to learn it.
-    fn is_outcome_unknown(&self) -> bool;
-
-    /// Whether the same call may succeed if tried again later: the store was unreachable, or
-    /// the outcome is unknown (an owner's token still owns the record either way).
-    fn is_transient(&self) -> bool;
-
-    /// A typed value that could not be encoded or decoded ([`Typed`](crate::Typed)).
-    fn codec(error: serde_json::Error) -> Self;
-
-    /// A failure of idemdb itself, not of the store: a bug, or a thread it could not start
-    /// ([`Heartbeat`](crate::Heartbeat)).
-    fn internal(what: String) -> Self;
-}
-
-impl StoreError for Error {
-    fn refusal(&self) -> Option<Refusal> {
-        Error::refusal(self)
-    }
-
-    fn is_outcome_unknown(&self) -> bool {
-        Error::is_outcome_unknown(self)
-    }
-
-    fn is_transient(&self) -> bool {
-        // The embedded engine has no connection to lose: only an unknown outcome may pass.
-        matches!(self, Error::OutcomeUnknown(_))
-    }
-
-    fn codec(error: serde_json::Error) -> Self {
-        Error::Codec(std::sync::Arc::new(error))
-    }
-
-    fn internal(what: String) -> Self {
-        Error::Internal(what)
     }
 }

@@ -8,10 +8,11 @@ use serde::de::DeserializeOwned;
 
 use crate::db::IdemDb;
 use crate::error::Error;
+use crate::error::StoreError;
 use crate::fingerprint::Payload;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, Scope};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use crate::token::Reservation;
 
 /// [`ReserveOutcome`] with decoded responses: `T` for success, `F` for a stored failure.

@@ -5,10 +5,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, ExecuteError, InputError, Refusal};
+use crate::error::{Error, ExecuteError, InputError, Refusal, StoreError};
 use crate::fencing::FencingToken;
 use crate::state::RecordState;
-use crate::store::StoreError;
 
 /// An error of [`PgStore`](crate::PgStore). Cheap to clone.
 #[derive(Debug, Clone)]
@@ -180,5 +179,32 @@ impl From<ExecuteError<PgError, PgError>> for PgError {
         match e {
             ExecuteError::Closure(e) | ExecuteError::Db(e) => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The renewal loop retries sooner after these (the server was unreachable, or a write's
+    /// outcome is unknown), and stops at a refusal.
+    #[test]
+    fn a_lost_connection_is_transient_and_a_refusal_is_not() {
+        let io = || Arc::new(std::io::Error::other("connection reset"));
+        assert!(PgError::Database(io()).is_transient());
+        assert!(PgError::OutcomeUnknown(io()).is_transient());
+        assert!(PgError::OutcomeUnknown(io()).is_outcome_unknown());
+        assert!(!PgError::Database(io()).is_outcome_unknown());
+        let fenced = PgError::from(Error::Fenced {
+            presented: FencingToken::new(1).unwrap(),
+            current: FencingToken::new(2).unwrap(),
+        });
+        assert!(!fenced.is_transient());
+        assert!(matches!(fenced.refusal(), Some(Refusal::Fenced { .. })));
+        assert_eq!(
+            fenced.to_string(),
+            "fencing token 1 is stale: the record is now owned by token 2"
+        );
+        assert!(PgError::Database(io()).refusal().is_none());
     }
 }
