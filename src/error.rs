@@ -8,154 +8,7 @@ use std::sync::Arc;
 use crate::fencing::FencingToken;
 use crate::log_problem::LogProblem;
 use crate::state::RecordState;
-
-/// Why an input was refused. Nothing was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InputError {
-    /// A part that must not be empty was empty.
-    Empty {
-        /// Which part ("operation", "key").
-        what: &'static str,
-    },
-    /// A part or response was longer than the configured limit.
-    TooLong {
-        /// Which part.
-        what: &'static str,
-        /// Its length in bytes.
-        len: usize,
-        /// The limit in bytes.
-        max: usize,
-    },
-    /// A lease of zero length was asked for.
-    ZeroLease,
-    /// A business table name used idemdb's reserved prefix `idemdb_`.
-    ReservedTableName {
-        /// The refused name.
-        name: String,
-    },
-    /// An inbox consumer's scope holds a record written by something else (another payload):
-    /// a consumer name was also used as an operation elsewhere.
-    ConsumerScopeShared {
-        /// The consumer name.
-        consumer: String,
-    },
-}
-
-impl fmt::Display for InputError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InputError::Empty { what } => write!(f, "{what} must not be empty"),
-            InputError::TooLong { what, len, max } => {
-                write!(f, "{what} is {len} bytes, more than the limit of {max}")
-            }
-            InputError::ZeroLease => write!(f, "a lease must be longer than zero"),
-            InputError::ReservedTableName { name } => {
-                write!(
-                    f,
-                    "table name {name:?} uses the reserved prefix \"idemdb_\""
-                )
-            }
-            InputError::ConsumerScopeShared { consumer } => write!(
-                f,
-                "consumer {consumer:?} shares its scope with records of another payload: \
-                 do not use a consumer name as an operation elsewhere"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InputError {}
-
-/// The protocol's refusals, the same for every store (docs/semantics.md): generic code reads
-/// them from either store's error through [`StoreError::refusal`](crate::StoreError::refusal).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The input was refused (see [`InputError`]); nothing changed.
-    InvalidInput(InputError),
-    /// The reservation's token is stale: the record was taken over.
-    Fenced {
-        /// The token the caller presented.
-        presented: FencingToken,
-        /// The token that owns the record now.
-        current: FencingToken,
-    },
-    /// No live record exists for the reservation (released, or expired and gone).
-    UnknownRecord,
-    /// The record is no longer in progress.
-    NotInProgress {
-        /// Its state.
-        state: RecordState,
-    },
-    /// The reservation was issued by another database.
-    ForeignReservation,
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Refusal::InvalidInput(e) => write!(f, "invalid input: {e}"),
-            Refusal::Fenced { presented, current } => write!(
-                f,
-                "fencing token {presented} is stale: the record is now owned by token {current}"
-            ),
-            Refusal::UnknownRecord => write!(f, "no record exists for this reservation"),
-            Refusal::NotInProgress { state } => {
-                write!(f, "the record is {}, not in progress", state.as_str())
-            }
-            Refusal::ForeignReservation => write!(
-                f,
-                "the reservation was issued by another database; nothing changed"
-            ),
-        }
-    }
-}
-
-/// What generic code (the HTTP layer, [`Typed`](crate::Typed), the lease renewal loop, a
-/// service's own code over either store) needs to know of a store's error, whichever store it
-/// came from.
-pub trait StoreError: std::error::Error + Clone + Send + Sync + 'static {
-    /// The protocol's refusal this error is, if it is one: the same for every store.
-    fn refusal(&self) -> Option<Refusal>;
-
-    /// A write whose outcome is unknown: it may have committed. Read the record to learn it.
-    fn is_outcome_unknown(&self) -> bool;
-
-    /// Whether the same call may succeed if tried again later: the store was unreachable, or
-    /// the outcome is unknown (an owner's token still owns the record either way).
-    fn is_transient(&self) -> bool;
-
-    /// A typed value that could not be encoded or decoded ([`Typed`](crate::Typed)).
-    fn codec(error: serde_json::Error) -> Self;
-
-    /// A failure of idemdb itself, not of the store: a bug, or a thread it could not start
-    /// ([`Heartbeat`](crate::Heartbeat)).
-    fn internal(what: String) -> Self;
-}
-
-impl StoreError for Error {
-    fn refusal(&self) -> Option<Refusal> {
-        Error::refusal(self)
-    }
-
-    fn is_outcome_unknown(&self) -> bool {
-        Error::is_outcome_unknown(self)
-    }
-
-    fn is_transient(&self) -> bool {
-        // The embedded engine has no connection to lose: only an unknown outcome may pass.
-        matches!(self, Error::OutcomeUnknown(_))
-    }
-
-    fn codec(error: serde_json::Error) -> Self {
-        Error::Codec(std::sync::Arc::new(error))
-    }
-
-    fn internal(what: String) -> Self {
-        Error::Internal(what)
-    }
-}
+pub use idemdb_core::{InputError, Refusal, StoreError};
 
 /// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
 ///
@@ -450,5 +303,40 @@ impl From<ExecuteError<Error>> for Error {
         match e {
             ExecuteError::Closure(e) | ExecuteError::Db(e) => e,
         }
+    }
+}
+
+impl StoreError for Error {
+    fn refusal(&self) -> Option<Refusal> {
+        Error::refusal(self)
+    }
+
+    fn is_outcome_unknown(&self) -> bool {
+        Error::is_outcome_unknown(self)
+    }
+
+    fn is_transient(&self) -> bool {
+        // The embedded engine has no connection to lose: only an unknown outcome may pass.
+        matches!(self, Error::OutcomeUnknown(_))
+    }
+
+    fn codec(error: serde_json::Error) -> Self {
+        Error::Codec(std::sync::Arc::new(error))
+    }
+
+    fn internal(what: String) -> Self {
+        Error::Internal(what)
+    }
+}
+
+impl From<InputError> for Error {
+    fn from(e: InputError) -> Self {
+        Error::InvalidInput(e)
+    }
+}
+
+impl<E> From<InputError> for ExecuteError<E> {
+    fn from(e: InputError) -> Self {
+        ExecuteError::Db(e.into())
     }
 }

@@ -29,7 +29,7 @@
 #![warn(missing_docs)]
 
 mod builder;
-mod clock;
+use idemdb_core::{clock, fencing, scope, state};
 mod config;
 mod db;
 mod decide;
@@ -37,7 +37,6 @@ mod durability;
 mod engine;
 mod engine_tables;
 mod error;
-mod fencing;
 mod fingerprint;
 mod guard;
 mod heartbeat;
@@ -56,11 +55,9 @@ mod renewal;
 mod retention;
 mod saga;
 mod scan;
-mod scope;
 mod settings;
 mod shard;
 mod snapshot;
-mod state;
 mod stats;
 mod store;
 mod tables;

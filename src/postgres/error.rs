@@ -136,6 +136,8 @@ impl From<Refusal> for PgError {
             Refusal::UnknownRecord => PgError::UnknownRecord,
             Refusal::NotInProgress { state } => PgError::NotInProgress { state },
             Refusal::ForeignReservation => PgError::ForeignReservation,
+            // A refusal of a newer idemdb-core than this store knows: none exists yet.
+            other => PgError::Internal(format!("an unknown refusal: {other}")),
         }
     }
 }
@@ -158,6 +160,18 @@ impl From<Error> for PgError {
             Error::Internal(why) => PgError::Internal(why),
             other => PgError::Internal(format!("an embedded engine's error in PgStore: {other}")),
         }
+    }
+}
+
+impl From<InputError> for PgError {
+    fn from(e: InputError) -> Self {
+        PgError::InvalidInput(e)
+    }
+}
+
+impl<E> From<InputError> for ExecuteError<E, PgError> {
+    fn from(e: InputError) -> Self {
+        ExecuteError::Db(e.into())
     }
 }
 

@@ -202,7 +202,14 @@ impl From<PgError> for Step {
     }
 }
 
-/// A shared check's refusal (input limits, `check_owner`).
+/// A shared input check's refusal.
+impl From<idemdb_core::InputError> for Step {
+    fn from(e: idemdb_core::InputError) -> Step {
+        Step::Fail(e.into())
+    }
+}
+
+/// A shared check's refusal (`check_owner`).
 impl From<crate::error::Error> for Step {
     fn from(e: crate::error::Error) -> Step {
         Step::Fail(e.into())

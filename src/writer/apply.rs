@@ -313,7 +313,7 @@ fn try_apply(
             };
             let wrote = tx.into_log();
             if let Err(e) = ctx.limits.check_response(outcome.response()) {
-                return Ok(Applied::aborted(Err(e)));
+                return Ok(Applied::aborted(Err(e.into())));
             }
             let (state, response) = match &outcome {
                 Outcome::Completed(b) => (RecordState::Completed, b.clone()),

@@ -121,6 +121,7 @@ fn resolve(modules: &BTreeSet<String>, base: &str, path: &str) -> Option<String>
 /// at least (so that a moved directory fails instead of checking nothing).
 const CRATES: &[(&str, &str, usize)] = &[
     ("idemdb", "../../src", 50),
+    ("idemdb-core", "../idemdb-core/src", 6),
     ("idemdb-http", "../idemdb-http/src", 8),
     ("idemdb-cli", "../idemdb-cli/src", 8),
     ("idemdb-testkit", "../idemdb-testkit/src", 5),

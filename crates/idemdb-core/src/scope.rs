@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use crate::config::Limits;
-use crate::error::{Error, InputError};
+use crate::error::InputError;
+use crate::limits::Limits;
 
 /// Where a key is valid: an operation (endpoint, consumer, saga step kind) and a principal (the
 /// user, tenant or client the request acts for).
@@ -11,7 +11,7 @@ use crate::error::{Error, InputError};
 /// The same key bytes under another scope name another record.
 ///
 /// ```
-/// use idemdb::Scope;
+/// use idemdb_core::Scope;
 /// let scope = Scope::new("POST /purchases", "user-42");
 /// assert_eq!(scope.operation(), b"POST /purchases");
 /// ```
@@ -68,7 +68,7 @@ impl Key {
     /// length (4 bytes, big-endian), so `("ab", "c")` and `("a", "bc")` differ.
     ///
     /// ```
-    /// use idemdb::Key;
+    /// use idemdb_core::Key;
     /// let charge = Key::from_parts(["user-7", "content-99", "2026-11"]);
     /// assert_ne!(Key::from_parts(["ab", "c"]), Key::from_parts(["a", "bc"]));
     /// assert_ne!(charge, Key::new("user-7content-992026-11"));
@@ -131,17 +131,18 @@ impl From<Vec<u8>> for Key {
     }
 }
 
-/// The encoded identity of a record: the key of the records table.
+/// The encoded identity of a record, in either store: the key of the embedded engine's
+/// records tables, and what PostgreSQL rows are found by.
 ///
 /// Layout: `u16 BE len(operation) | operation | u16 BE len(principal) | principal | key`. The
 /// two length prefixes make the encoding injective; the key runs to the end. All records of one
 /// operation share a prefix, so they can be scanned as a range.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct RecordKey(Box<[u8]>);
+pub struct RecordKey(Box<[u8]>);
 
 impl RecordKey {
     /// Validates the parts against `limits` and encodes them.
-    pub(crate) fn encode(scope: &Scope, key: &Key, limits: &Limits) -> Result<Self, Error> {
+    pub fn encode(scope: &Scope, key: &Key, limits: &Limits) -> Result<Self, InputError> {
         let op = scope.operation();
         let principal = scope.principal();
         let key = key.as_bytes();
@@ -151,12 +152,10 @@ impl RecordKey {
         let mut out = Vec::with_capacity(4 + op.len() + principal.len() + key.len());
         for part in [op, principal] {
             // check_len capped both at Limits::MAX_PART_LEN, which fits in a u16.
-            let len = u16::try_from(part.len()).map_err(|_| {
-                Error::InvalidInput(InputError::TooLong {
-                    what: "scope part",
-                    len: part.len(),
-                    max: usize::from(u16::MAX),
-                })
+            let len = u16::try_from(part.len()).map_err(|_| InputError::TooLong {
+                what: "scope part",
+                len: part.len(),
+                max: usize::from(u16::MAX),
             })?;
             out.extend_from_slice(&len.to_be_bytes());
             out.extend_from_slice(part);
@@ -165,16 +164,18 @@ impl RecordKey {
         Ok(RecordKey(out.into()))
     }
 
-    pub(crate) fn from_stored(bytes: &[u8]) -> Self {
+    /// A key as a store read it back (no check: it was encoded before it was stored).
+    pub fn from_stored(bytes: &[u8]) -> Self {
         RecordKey(bytes.into())
     }
 
-    pub(crate) fn as_bytes(&self) -> &[u8] {
+    /// The encoded bytes, as stored.
+    pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
 
     /// Splits a stored key back into (operation, principal, key); `None` if malformed.
-    pub(crate) fn split(bytes: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    pub fn split(bytes: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
         let (op, rest) = take_prefixed(bytes)?;
         let (principal, key) = take_prefixed(rest)?;
         Some((op, principal, key))
@@ -203,12 +204,12 @@ fn take_prefixed(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((body, &bytes[2 + len..]))
 }
 
-fn check_len(what: &'static str, len: usize, min: usize, max: usize) -> Result<(), Error> {
+fn check_len(what: &'static str, len: usize, min: usize, max: usize) -> Result<(), InputError> {
     if len < min {
-        return Err(Error::InvalidInput(InputError::Empty { what }));
+        return Err(InputError::Empty { what });
     }
     if len > max {
-        return Err(Error::InvalidInput(InputError::TooLong { what, len, max }));
+        return Err(InputError::TooLong { what, len, max });
     }
     Ok(())
 }
@@ -237,11 +238,11 @@ mod tests {
         let long = vec![b'x'; l.max_key_len + 1];
         assert!(matches!(
             RecordKey::encode(&Scope::new("op", "p"), &Key::new(&long), &l),
-            Err(Error::InvalidInput(InputError::TooLong { what: "key", .. }))
+            Err(InputError::TooLong { what: "key", .. })
         ));
         assert!(matches!(
             RecordKey::encode(&Scope::new("", "p"), &Key::new("k"), &l),
-            Err(Error::InvalidInput(InputError::Empty { what: "operation" }))
+            Err(InputError::Empty { what: "operation" })
         ));
         assert!(RecordKey::encode(&Scope::new("op", ""), &Key::new("k"), &l).is_ok());
     }

@@ -12,7 +12,8 @@ pub enum RecordState {
 }
 
 impl RecordState {
-    pub(crate) fn to_byte(self) -> u8 {
+    /// The state's byte in a stored record (design.md §3).
+    pub fn to_byte(self) -> u8 {
         match self {
             RecordState::InProgress => 1,
             RecordState::Completed => 2,
@@ -20,7 +21,8 @@ impl RecordState {
         }
     }
 
-    pub(crate) fn from_byte(b: u8) -> Option<Self> {
+    /// The state a stored byte names, if any.
+    pub fn from_byte(b: u8) -> Option<Self> {
         match b {
             1 => Some(RecordState::InProgress),
             2 => Some(RecordState::Completed),

@@ -30,7 +30,7 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to; clones share one time.
 ///
 /// ```
-/// use idemdb::{Clock, ManualClock};
+/// use idemdb_core::{Clock, ManualClock};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new(1_000);
@@ -74,6 +74,6 @@ impl Clock for ManualClock {
 }
 
 /// A duration in whole milliseconds, saturating at `u64::MAX`.
-pub(crate) fn duration_ms(d: Duration) -> u64 {
+pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
