@@ -48,11 +48,24 @@ impl IdemDb {
     /// # let dir = tempfile::tempdir()?;
     /// # let db = IdemDb::open(dir.path().join("db"))?;
     /// let scope = Scope::new("purchase", "u1");
-    /// let outcome = futures_executor_block_on(db.reserve_async(
+    /// let outcome = block_on(db.reserve_async(
     ///     &scope, &Key::new("k"), b"req", Duration::from_secs(30)))?;
     /// assert!(matches!(outcome, ReserveOutcome::Acquired(_)));
-    /// # fn futures_executor_block_on<F: std::future::Future>(f: F) -> F::Output {
-    /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    /// // Any executor will do: the engine's own thread wakes the task. The smallest one:
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     use std::sync::Arc;
+    /// #     use std::task::{Context, Poll, Wake};
+    /// #     struct Unpark(std::thread::Thread);
+    /// #     impl Wake for Unpark {
+    /// #         fn wake(self: Arc<Self>) { self.0.unpark() }
+    /// #     }
+    /// #     let waker = Arc::new(Unpark(std::thread::current())).into();
+    /// #     let mut cx = Context::from_waker(&waker);
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     loop {
+    /// #         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; }
+    /// #         std::thread::park();
+    /// #     }
     /// # }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

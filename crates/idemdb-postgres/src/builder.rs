@@ -3,25 +3,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::config::Limits;
-use crate::postgres::error::PgError;
-use crate::postgres::errors::{self, database};
-use crate::postgres::partitions::Partitions;
-use crate::postgres::schema;
-use crate::postgres::server_time::ServerTime;
-use crate::postgres::stats;
-use crate::postgres::store::{Inner, PgStore, compactor, record_fits};
-use crate::postgres::tls;
-use crate::postgres::wait::{self, Waits};
-use crate::retention::Retention;
+use crate::error::PgError;
+use crate::errors::{self, database};
+use crate::partitions::Partitions;
+use crate::schema;
+use crate::server_time::ServerTime;
+use crate::stats;
+use crate::store::{Inner, PgStore, compactor, record_fits};
+use crate::tls;
+use crate::wait::{self, Waits};
+use idemdb_core::Limits;
+use idemdb_core::clock::{Clock, SystemClock};
+use idemdb_core::retention::Retention;
 
 /// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
 /// engine (retention, limits).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), idemdb::PgError> {
-/// use idemdb::PgStore;
+/// # async fn run() -> Result<(), idemdb_postgres::PgError> {
+/// use idemdb_postgres::PgStore;
 /// let builder = PgStore::builder("postgres://app@db.internal/shop")?.pool_size(32);
 /// builder.migrate().await?; // once per deploy, or at every start: it is idempotent
 /// let store = builder.connect().await?;
@@ -49,9 +49,9 @@ impl PgStore {
     /// [`tls_root_certificates`](PgStoreBuilder::tls_root_certificates).
     ///
     /// ```no_run
-    /// # fn run() -> Result<(), idemdb::PgError> {
+    /// # fn run() -> Result<(), idemdb_postgres::PgError> {
     /// let ca = std::fs::read("/etc/ssl/db-ca.pem").unwrap();
-    /// let builder = idemdb::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
+    /// let builder = idemdb_postgres::PgStore::builder("postgres://app@db.internal/shop?sslmode=verify-full")?
     ///     .tls_root_certificates(ca);
     /// # Ok(()) }
     /// ```
