@@ -22,8 +22,7 @@ pub fn decode_any(data: &[u8]) {
                 // A record that decodes describes itself consistently, and its current
                 // encoding decodes to it again (a version-1 record is re-encoded as version 2).
                 assert!(record.attempts > 0 && record.token.get() > 0);
-                let again = crate::record::decode(&record.encode())
-                    .expect("a re-encoded record");
+                let again = crate::record::decode(&record.encode()).expect("a re-encoded record");
                 assert_eq!(again, record);
             }
         }

@@ -1,12 +1,15 @@
-//! The three engines under test, behind one small interface, plus the fsync floor.
+//! The engines under test, behind one small interface, plus the fsync floor.
 //!
 //! - `idemdb`: the crate, through its public sync API.
 //! - `redb_naive`: what a user would write on redb alone: one `Durability::Immediate` write
 //!   transaction per operation.
 //! - `sqlite`: rusqlite (bundled SQLite), WAL, `synchronous=FULL`, one connection per thread.
+//! - `redis`: a `redis-server` the bench starts, `appendfsync always` (`redis.rs`).
+//! - `postgres`: the hand-written table on a PostgreSQL server (`postgres.rs`).
 //!
 //! Every engine stores the same logical record: the scope-qualified key, a 128-bit payload
-//! fingerprint, a state, a fencing token and the response bytes.
+//! fingerprint, a state, a fencing token and the response bytes. The two servers are in the
+//! run only where their binaries are found and start ([`Lineup::probe`]).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -20,6 +23,8 @@ use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::postgres::Postgres;
+use crate::redis::Redis;
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
 use crate::shared::sqlite_wal_full;
 
@@ -34,7 +39,7 @@ const STATE_IN_PROGRESS: u8 = 0;
 const STATE_COMPLETED: u8 = 1;
 
 /// The baselines' stored key: scope and key, as idemdb qualifies its own (similar length).
-fn scoped_key(n: u64) -> Vec<u8> {
+pub fn scoped_key(n: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(OPERATION.len() + PRINCIPAL.len() + 34);
     k.extend_from_slice(OPERATION.as_bytes());
     k.push(0);
@@ -62,6 +67,11 @@ pub trait Engine: Send + Sync {
     fn session(&self) -> Box<dyn Session>;
     /// Stores `n` completed records, ids `0..n`, durably. Not measured; only needs speed.
     fn preload(&self, n: u64);
+    /// The server processes doing this engine's work, whose CPU counts with the bench's (none
+    /// for an embedded engine). Asked once its callers are connected.
+    fn server_pids(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// Which engine.
@@ -71,18 +81,31 @@ pub enum Kind {
     Naive,
     Sqlite,
     SqliteShared,
+    Redis,
+    Postgres,
 }
 
 impl Kind {
-    /// The engines every cell compares.
+    /// The embedded engines every cell compares.
     pub const MAIN: [Kind; 3] = [Kind::Idem, Kind::Naive, Kind::Sqlite];
     /// Every engine, in the summary's column order.
-    pub const ALL: [Kind; 4] = [Kind::Idem, Kind::Naive, Kind::Sqlite, Kind::SqliteShared];
+    pub const ALL: [Kind; 6] = [
+        Kind::Idem,
+        Kind::Naive,
+        Kind::Sqlite,
+        Kind::SqliteShared,
+        Kind::Redis,
+        Kind::Postgres,
+    ];
 
-    /// The engines compared in a cell with `threads` concurrent callers: the shared SQLite
-    /// connection only differs from a connection per thread when there are several threads.
+    /// The embedded engines compared in a cell with `threads` concurrent callers: the shared
+    /// SQLite connection only differs from a connection per thread when there are several.
     pub fn for_threads(threads: usize) -> &'static [Kind] {
-        if threads > 1 { &Kind::ALL } else { &Kind::MAIN }
+        if threads > 1 {
+            &Kind::ALL[..4]
+        } else {
+            &Kind::MAIN
+        }
     }
 
     /// The benchmark id, also the directory name under target/criterion/<cell>/.
@@ -92,10 +115,13 @@ impl Kind {
             Kind::Naive => "redb_naive",
             Kind::Sqlite => "sqlite",
             Kind::SqliteShared => "sqlite_shared",
+            Kind::Redis => "redis",
+            Kind::Postgres => "postgres",
         }
     }
 
-    /// Opens the engine on a fresh file in `dir`.
+    /// Opens the engine on a fresh file in `dir` (Redis: a server with its data in `dir`;
+    /// PostgreSQL: a fresh schema). Call on the main thread (see `redis.rs`).
     pub fn open(self, dir: &Path) -> Arc<dyn Engine> {
         match self {
             Kind::Idem => Arc::new(Idem {
@@ -116,7 +142,56 @@ impl Kind {
                     sqlite,
                 })
             }
+            Kind::Redis => Arc::new(Redis::open(dir)),
+            Kind::Postgres => Arc::new(Postgres::open()),
         }
+    }
+}
+
+/// The servers this run has: each is started once when the run begins, and one that is
+/// missing or fails to start is left out of every cell, with the reason printed.
+#[derive(Clone, Copy)]
+pub struct Lineup {
+    redis: bool,
+    postgres: bool,
+}
+
+impl Lineup {
+    /// Probes both servers (Redis with its data in a directory under `root`); returns the
+    /// lineup and, per server, the summary's note on it.
+    pub fn probe(root: &Path) -> (Lineup, Vec<(String, String)>) {
+        let dir = tempfile::tempdir_in(root).expect("tempdir");
+        let probes = [
+            ("Redis", crate::redis::probe(dir.path())),
+            ("PostgreSQL", crate::postgres::probe()),
+        ];
+        let mut notes = Vec::new();
+        for (name, probe) in &probes {
+            let note = match probe {
+                Ok(note) => note.clone(),
+                Err(why) => {
+                    println!("{name} is left out of this run: {why}");
+                    format!("left out of this run: {why}")
+                }
+            };
+            notes.push((name.to_string(), note));
+        }
+        let lineup = Lineup {
+            redis: probes[0].1.is_ok(),
+            postgres: probes[1].1.is_ok(),
+        };
+        (lineup, notes)
+    }
+
+    /// `embedded` and the servers this run has.
+    pub fn with_servers(self, embedded: &[Kind]) -> Vec<Kind> {
+        let mut kinds = embedded.to_vec();
+        kinds.extend(
+            [(Kind::Redis, self.redis), (Kind::Postgres, self.postgres)]
+                .into_iter()
+                .filter_map(|(kind, here)| here.then_some(kind)),
+        );
+        kinds
     }
 }
 

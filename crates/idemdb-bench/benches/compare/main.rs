@@ -1,24 +1,32 @@
-//! idemdb against the two stores a user would otherwise embed, in one run:
-//! naive redb (one durable write transaction per operation) and SQLite (WAL,
-//! `synchronous=FULL`, a connection per thread; in the multi-caller cells also with one
-//! connection shared by all threads behind a mutex).
+//! idemdb against the stores a user would otherwise pick, in one run: naive redb (one durable
+//! write transaction per operation), SQLite (WAL, `synchronous=FULL`, a connection per
+//! thread; in the multi-caller cells also with one connection shared by all threads behind a
+//! mutex), Redis (`appendfsync always`, a server the bench starts) and the hand-written
+//! PostgreSQL table (on the test server). A server whose binary is missing or does not start
+//! is left out of the run with the reason printed; the run goes on.
 //!
-//! Cells (each engine on a fresh file in a temporary directory; all writes durable):
+//! Cells (each engine on a fresh file in a temporary directory, or a fresh server or schema;
+//! all writes durable):
 //! - `reserve_1`: one caller reserving fresh keys, beside the fsync floor.
-//! - `lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads.
-//! - `execute_{1,64}`: one-shot execute with one business insert, by N caller threads.
+//! - `lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads, with the
+//!   CPU per lifecycle (this process's and the server's).
+//! - `execute_{1,64}`: one-shot execute with one business insert, by N caller threads
+//!   (embedded engines only: a server's business write would be in another store).
 //! - `replay_{1,2}`: reserve of a completed key, random among 100,000 preloaded ones.
-//! - `replay_1_load64`: `replay_1` while 64 other threads run lifecycles on the same store.
+//! - `replay_1_load64`: `replay_1` while 64 other threads run lifecycles on the same store
+//!   (embedded engines only).
 //!
 //! One criterion iteration of an N-thread cell is one operation on each thread (N operations),
 //! so criterion's time is per N operations and its throughput is in operations per second.
 //!
-//! Run: `cargo bench --bench compare` (about 5 minutes); the summary table with idemdb ÷
-//! baseline ratios is printed at the end and written to `target/bench-results/summary.md`.
-//! `cargo bench --bench compare -- report-only` re-prints the last run's table.
+//! Run: `cargo bench -p idemdb-bench --bench compare` (5–6 minutes on the 2-vCPU VM); the
+//! summary table with idemdb ÷ baseline ratios is printed at the end and written to
+//! `target/bench-results/summary.md`. `-- report-only` re-prints the last run's table.
 
 mod engines;
 mod pool;
+mod postgres;
+mod redis;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;
@@ -31,7 +39,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, FsyncFloor, Kind, SQLITE_BUSY_RETRIES, Session};
+use engines::{Engine, FsyncFloor, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
 use pool::{Load, Pool, Work};
 use shared::keys::{Rng, fresh_id};
 use shared::nanos;
@@ -47,27 +55,30 @@ fn main() {
     let test_mode = shared::is_test_mode();
     let mut c = shared::criterion(10, Duration::from_secs(3));
     let root = shared::temp_root("idemdb-bench-");
+    let (lineup, servers) = Lineup::probe(root.path());
 
-    reserve_1(&mut c, root.path());
+    reserve_1(&mut c, root.path(), &lineup.with_servers(&Kind::MAIN));
     for n in [1, 4, 16, 64] {
-        concurrent(&mut c, root.path(), "lifecycle", n, Work::Lifecycle);
+        let kinds = lineup.with_servers(Kind::for_threads(n));
+        concurrent(&mut c, root.path(), "lifecycle", n, Work::Lifecycle, &kinds);
     }
     for n in [1, 64] {
-        concurrent(&mut c, root.path(), "execute", n, Work::Execute);
+        let kinds = Kind::for_threads(n);
+        concurrent(&mut c, root.path(), "execute", n, Work::Execute, kinds);
     }
     let keys = if test_mode {
         REPLAY_KEYS_TEST
     } else {
         REPLAY_KEYS
     };
-    replay(&mut c, root.path(), keys);
+    replay(&mut c, root.path(), keys, &lineup.with_servers(&Kind::MAIN));
 
     let busy = SQLITE_BUSY_RETRIES.load(Ordering::Relaxed);
     if busy > 0 {
         report::record("run", "sqlite", "busy_retries", busy as f64);
     }
     c.final_summary();
-    report::finish(test_mode);
+    report::finish(test_mode, &servers);
 }
 
 fn group<'a>(c: &'a mut Criterion, name: &str, ops_per_iter: u64) -> BenchmarkGroup<'a, WallTime> {
@@ -97,7 +108,7 @@ fn timed_loop(iters: u64, latencies: &mut Vec<u64>, mut op: impl FnMut()) -> Dur
     total
 }
 
-fn reserve_1(c: &mut Criterion, root: &Path) {
+fn reserve_1(c: &mut Criterion, root: &Path, kinds: &[Kind]) {
     let cell = "reserve_1";
     let mut g = group(c, cell, 1);
 
@@ -113,7 +124,7 @@ fn reserve_1(c: &mut Criterion, root: &Path) {
     drop(floor);
     report::record_latencies(cell, "fsync_floor", &mut latencies);
 
-    for kind in Kind::MAIN {
+    for &kind in kinds {
         let mut state: Option<(Box<dyn Session>, TempDir)> = None;
         let mut latencies = Vec::new();
         g.bench_function(kind.id(), |b| {
@@ -133,11 +144,18 @@ fn reserve_1(c: &mut Criterion, root: &Path) {
     g.finish();
 }
 
-/// `threads` callers each running `work` on fresh keys.
-fn concurrent(c: &mut Criterion, root: &Path, name: &str, threads: usize, work: Work) {
+/// `threads` callers of each of `kinds` running `work` on fresh keys.
+fn concurrent(
+    c: &mut Criterion,
+    root: &Path,
+    name: &str,
+    threads: usize,
+    work: Work,
+    kinds: &[Kind],
+) {
     let cell = format!("{name}_{threads}");
     let mut g = group(c, &cell, threads as u64);
-    for &kind in Kind::for_threads(threads) {
+    for &kind in kinds {
         let mut state: Option<(Pool, TempDir)> = None;
         let mut latencies = Vec::new();
         g.bench_function(kind.id(), |b| {
@@ -148,7 +166,11 @@ fn concurrent(c: &mut Criterion, root: &Path, name: &str, threads: usize, work: 
             });
             b.iter_custom(|iters| pool.run(iters, &mut latencies));
         });
-        drop(state);
+        if let Some((pool, _)) = state.take() {
+            let spent = pool.spent();
+            drop(pool);
+            report::record_spent(&cell, kind.id(), spent);
+        }
         report::record_latencies(&cell, kind.id(), &mut latencies);
     }
     g.finish();
@@ -184,11 +206,12 @@ fn preloaded<'a>(
         .engine
 }
 
-fn replay(c: &mut Criterion, root: &Path, keys: u64) {
-    let mut stores: [Option<Preloaded>; 3] = [None, None, None];
+/// The replay cells of `kinds`; `replay_1_load64` of the embedded ones.
+fn replay(c: &mut Criterion, root: &Path, keys: u64, kinds: &[Kind]) {
+    let mut stores: Vec<Option<Preloaded>> = kinds.iter().map(|_| None).collect();
 
     let mut g = group(c, "replay_1", 1);
-    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
+    for (&kind, store) in kinds.iter().zip(stores.iter_mut()) {
         let mut session = None;
         let mut rng = Rng::new(7);
         g.bench_function(kind.id(), |b| {
@@ -203,7 +226,7 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
     g.finish();
 
     let mut g = group(c, "replay_2", 2);
-    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
+    for (&kind, store) in kinds.iter().zip(stores.iter_mut()) {
         let mut pool = None;
         let mut none = Vec::new();
         g.bench_function(kind.id(), |b| {
@@ -219,7 +242,8 @@ fn replay(c: &mut Criterion, root: &Path, keys: u64) {
 
     let cell = "replay_1_load64";
     let mut g = group(c, cell, 1);
-    for (kind, store) in Kind::MAIN.into_iter().zip(stores.iter_mut()) {
+    let embedded = kinds.iter().zip(stores.iter_mut());
+    for (&kind, store) in embedded.filter(|(k, _)| Kind::MAIN.contains(k)) {
         let mut session = None;
         let mut load: Option<Load> = None;
         let mut rng = Rng::new(11);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::engines::Engine;
 use crate::shared::callers::{Done, gather};
+use crate::shared::cpu;
 use crate::shared::keys::{Rng, fresh_id};
 use crate::shared::nanos;
 
@@ -27,6 +28,25 @@ pub struct Pool {
     commands: Vec<Sender<u64>>,
     done: Receiver<Done>,
     handles: Vec<JoinHandle<()>>,
+    /// The engine's server processes (none for an embedded engine).
+    server_pids: Vec<u32>,
+    spent: Spent,
+}
+
+/// What a pool's runs took, summed over them.
+#[derive(Clone, Copy, Default)]
+pub struct Spent {
+    pub ops: u64,
+    pub wall: Duration,
+    /// This process's CPU time.
+    pub process: Duration,
+    /// The server processes' CPU time.
+    pub servers: Duration,
+}
+
+/// The CPU time of each of `pids` (`None`: gone, or not on this machine).
+fn servers_cpu(pids: &[u32]) -> Vec<Option<Duration>> {
+    pids.iter().map(|&pid| cpu::of_pid(pid)).collect()
 }
 
 impl Pool {
@@ -90,17 +110,42 @@ impl Pool {
             commands,
             done,
             handles,
+            // Every session is connected: a server's backends for them exist now.
+            server_pids: engine.server_pids(),
+            spent: Spent::default(),
         }
     }
 
     /// Every thread runs `per_thread` operations; returns the wall time from the first
     /// thread's start to the last one's end (thread wake-up before the start is not counted)
-    /// and appends the per-operation latencies to `latencies`.
-    pub fn run(&self, per_thread: u64, latencies: &mut Vec<u64>) -> Duration {
+    /// and appends the per-operation latencies to `latencies`. The CPU spent is added to
+    /// [`spent`](Pool::spent).
+    pub fn run(&mut self, per_thread: u64, latencies: &mut Vec<u64>) -> Duration {
+        // The servers are read outside this process's window: reading /proc costs CPU.
+        let servers_before = servers_cpu(&self.server_pids);
+        let process_before = cpu::process();
         for c in &self.commands {
             c.send(per_thread).expect("caller alive");
         }
-        gather(&self.done, self.commands.len(), latencies)
+        let wall = gather(&self.done, self.commands.len(), latencies);
+        let process = cpu::process().saturating_sub(process_before);
+        let servers_after = servers_cpu(&self.server_pids);
+        let servers: Duration = servers_before
+            .iter()
+            .zip(&servers_after)
+            .filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?)))
+            .sum();
+        let s = &mut self.spent;
+        s.ops += per_thread * self.commands.len() as u64;
+        s.wall += wall;
+        s.process += process;
+        s.servers += servers;
+        wall
+    }
+
+    /// The CPU and wall time of every [`run`](Pool::run) so far.
+    pub fn spent(&self) -> Spent {
+        self.spent
     }
 }
 
@@ -165,16 +210,16 @@ impl Load {
             lifecycles,
             handles,
             started: Instant::now(),
-            process_cpu_start: process_cpu(),
-            this_thread_cpu_start: thread_cpu(),
+            process_cpu_start: cpu::process(),
+            this_thread_cpu_start: cpu::thread(),
         }
     }
 
     /// Stops the load; call on the thread that started it.
     pub fn stop(self) -> LoadStats {
         let wall = self.started.elapsed();
-        let process = process_cpu().saturating_sub(self.process_cpu_start);
-        let this_thread = thread_cpu().saturating_sub(self.this_thread_cpu_start);
+        let process = cpu::process().saturating_sub(self.process_cpu_start);
+        let this_thread = cpu::thread().saturating_sub(self.this_thread_cpu_start);
         let lifecycles = self.lifecycles.load(Ordering::Relaxed);
         self.stop.store(true, Ordering::Relaxed);
         for h in self.handles {
@@ -187,31 +232,4 @@ impl Load {
             measuring_thread_cpu: this_thread,
         }
     }
-}
-
-/// CPU time (user + system) of the whole process, from /proc/self/stat (10 ms ticks).
-fn process_cpu() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return Duration::ZERO;
-    };
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // `rest` starts at field 3 (state): field n is at index n - 3.
-    let total = ticks(14 - 3) + ticks(15 - 3);
-    Duration::from_millis(total * 10)
-}
-
-/// CPU time of the calling thread, from /proc/thread-self/schedstat (ns).
-fn thread_cpu() -> Duration {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_nanos)
 }

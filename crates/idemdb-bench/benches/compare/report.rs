@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use serde_json::{Value, json};
 
 use crate::engines::Kind;
+use crate::pool::Spent;
 use crate::shared::report::{
     estimate, fmt_val, machine, quantile, table_row, target_dir, write_machine, write_targets,
 };
@@ -49,6 +50,25 @@ pub fn record_latencies(cell: &str, engine: &str, latencies: &mut [u64]) {
     record(cell, engine, "mean_ns", mean);
 }
 
+/// Records what a pool of `engine`'s callers spent in `cell`: CPU per operation (this
+/// process's, the server's) and the share of the machine that was busy with it.
+pub fn record_spent(cell: &str, engine: &str, spent: Spent) {
+    if spent.ops == 0 || spent.wall.is_zero() {
+        return;
+    }
+    let per_op = |d: std::time::Duration| d.as_secs_f64() * 1e6 / spent.ops as f64;
+    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let total = spent.process + spent.servers;
+    record(cell, engine, "cpu_us_per_op", per_op(total));
+    record(cell, engine, "cpu_server_us_per_op", per_op(spent.servers));
+    record(
+        cell,
+        engine,
+        "cpu_machine_share",
+        total.as_secs_f64() / spent.wall.as_secs_f64() / nproc,
+    );
+}
+
 /// Notes the machine's 1-minute load average at the end of a benchmark: other work on the
 /// machine shows up there.
 pub fn after_bench(cell: &str, engine: &str) {
@@ -70,15 +90,16 @@ struct Row {
     cell: String,
     metric: &'static str,
     better: Better,
-    /// idemdb, redb naive, SQLite, SQLite with one shared connection.
-    vals: [Option<f64>; 4],
+    /// Per engine, in `Kind::ALL`'s order: idemdb first.
+    vals: [Option<f64>; 6],
     digits: usize,
 }
 
 impl Row {
     fn ratio(&self, baseline: usize) -> Option<f64> {
-        // A percentage lost or a CPU share is compared against the target, not as a ratio.
-        if self.metric.contains('%') {
+        // A percentage lost or a CPU share is compared against the target, not as a ratio;
+        // nor is a part of a whole ("of which").
+        if self.metric.contains('%') || self.metric.starts_with("… of which") {
             return None;
         }
         Some(self.vals[0]? / self.vals[baseline]?)
@@ -91,7 +112,7 @@ fn rows(side: &Side) -> Vec<Row> {
         side.get(&format!("{cell}/{engine}"))?.get(name).copied()
     };
     let per_engine =
-        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 4] { Kind::ALL.map(|k| f(k.id())) };
+        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 6] { Kind::ALL.map(|k| f(k.id())) };
     let mut rows = Vec::new();
     let cell = "reserve_1";
     rows.push(Row {
@@ -123,6 +144,27 @@ fn rows(side: &Side) -> Vec<Row> {
             better: Better::Lower,
             vals: per_engine(&|e| Some(sidev(&cell, e, "p99_ns")? / 1e6)),
             digits: 2,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "CPU per lifecycle, µs (bench process + server) ↓",
+            better: Better::Lower,
+            vals: per_engine(&|e| sidev(&cell, e, "cpu_us_per_op")),
+            digits: 0,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "… of which the server's, µs",
+            better: Better::Lower,
+            vals: per_engine(&|e| sidev(&cell, e, "cpu_server_us_per_op")),
+            digits: 0,
+        });
+        rows.push(Row {
+            cell: cell.clone(),
+            metric: "CPU busy with it, % of the machine",
+            better: Better::Lower,
+            vals: per_engine(&|e| Some(100.0 * sidev(&cell, e, "cpu_machine_share")?)),
+            digits: 0,
         });
     }
     for n in [1u32, 64] {
@@ -210,6 +252,11 @@ fn fmt_ratio(r: Option<f64>) -> String {
         Some(r) => format!("{r:.2}×"),
     }
 }
+
+/// Redis's column in `Row::vals`.
+const REDIS: usize = 4;
+/// Naive redb's column.
+const NAIVE: usize = 1;
 
 struct Target {
     what: &'static str,
@@ -315,9 +362,84 @@ fn targets(rows: &[Row]) -> Vec<Target> {
     out
 }
 
+/// Issue 24's targets, as ratios measured in this run.
+fn targets_24(rows: &[Row]) -> Vec<Target> {
+    let at_least = |what, cell, metric, baseline, bound: f64| {
+        let r = find(rows, cell, metric).and_then(|r| r.ratio(baseline));
+        Target {
+            what,
+            measured: r,
+            shown: fmt_ratio(r),
+            met: r.map(|r| r >= bound),
+        }
+    };
+    let floor = estimate("reserve_1", "fsync_floor").map(|e| e.median);
+    let reserve = estimate("reserve_1", "idemdb").map(|e| e.median);
+    let vs_floor = reserve.zip(floor).map(|(a, b)| a / b);
+    // Two durable writes per lifecycle, each at the floor at best.
+    let lifecycle_1 = find(rows, "lifecycle_1", "lifecycles/s").and_then(|r| r.vals[0]);
+    let of_two_floors = lifecycle_1.zip(floor).map(|(l, f)| l * 2.0 * f / 1e9);
+    let p99 = find(rows, "lifecycle_64", "p99").and_then(|r| r.vals[0].zip(r.vals[REDIS]));
+    vec![
+        at_least(
+            "lifecycle_1 ≥ SQLite's",
+            "lifecycle_1",
+            "lifecycles/s",
+            2,
+            1.0,
+        ),
+        Target {
+            what: "lifecycle_1 ≥ 0.85× of two fsync floors (1 s ÷ 2 floor medians)",
+            measured: of_two_floors,
+            shown: fmt_ratio(of_two_floors),
+            met: of_two_floors.map(|r| r >= 0.85),
+        },
+        Target {
+            what: "reserve_1 median ≤ 1.1× the fsync floor",
+            measured: vs_floor,
+            shown: fmt_ratio(vs_floor),
+            met: vs_floor.map(|r| r <= 1.1),
+        },
+        at_least(
+            "lifecycle_4 ≥ 1.5× Redis always",
+            "lifecycle_4",
+            "lifecycles/s",
+            REDIS,
+            1.5,
+        ),
+        at_least(
+            "lifecycle_16 ≥ 1.5× Redis always",
+            "lifecycle_16",
+            "lifecycles/s",
+            REDIS,
+            1.5,
+        ),
+        at_least(
+            "lifecycle_64 ≥ 2× Redis always",
+            "lifecycle_64",
+            "lifecycles/s",
+            REDIS,
+            2.0,
+        ),
+        Target {
+            what: "lifecycle_64 p99 ≤ Redis always's",
+            measured: p99.map(|(a, b)| a / b),
+            shown: p99.map_or("–".into(), |(a, b)| format!("{a:.2} ms vs {b:.2} ms")),
+            met: p99.map(|(a, b)| a <= b),
+        },
+        at_least(
+            "replay_1 ≥ 2× raw redb (replays/s)",
+            "replay_1",
+            "replays/s",
+            NAIVE,
+            2.0,
+        ),
+    ]
+}
+
 /// Saves the side data of this run (merged over the last run's), then prints and writes the
 /// summary. In criterion's test mode nothing is measured, so nothing is written.
-pub fn finish(test_mode: bool) {
+pub fn finish(test_mode: bool, servers: &[(String, String)]) {
     if test_mode {
         println!("(test mode: every benchmark ran once; no summary)");
         return;
@@ -341,8 +463,11 @@ pub fn finish(test_mode: bool) {
 
     let rows = rows(&side);
     let targets = targets(&rows);
+    let targets_24 = targets_24(&rows);
     let mut md = String::new();
-    write_machine(&mut md, &machine());
+    let mut about = machine();
+    about.extend(servers.iter().cloned());
+    write_machine(&mut md, &about);
     table_row(
         &mut md,
         &[
@@ -352,29 +477,21 @@ pub fn finish(test_mode: bool) {
             "redb naive",
             "SQLite",
             "SQLite, 1 shared conn",
+            "Redis always",
+            "PostgreSQL table",
             "idemdb ÷ naive",
             "idemdb ÷ SQLite",
             "idemdb ÷ SQLite 1 conn",
+            "idemdb ÷ Redis",
+            "idemdb ÷ PostgreSQL",
         ],
     );
-    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for r in &rows {
-        let [a, b, c, d] = r.vals.map(|v| fmt_val(v, r.digits));
-        let ratios = [1, 2, 3].map(|i| fmt_ratio(r.ratio(i)));
-        table_row(
-            &mut md,
-            &[
-                r.cell.as_str(),
-                r.metric,
-                a.as_str(),
-                b.as_str(),
-                c.as_str(),
-                d.as_str(),
-                ratios[0].as_str(),
-                ratios[1].as_str(),
-                ratios[2].as_str(),
-            ],
-        );
+        let mut cells = vec![r.cell.clone(), r.metric.to_string()];
+        cells.extend(r.vals.map(|v| fmt_val(v, r.digits)));
+        cells.extend((1..Kind::ALL.len()).map(|i| fmt_ratio(r.ratio(i))));
+        table_row(&mut md, &cells);
     }
     let floor_median = estimate("reserve_1", "fsync_floor").map(|e| e.median);
     let floor_p99 = side
@@ -399,9 +516,15 @@ pub fn finish(test_mode: bool) {
         md,
         "SQLite calls retried after SQLITE_BUSY outlived busy_timeout: {busy:.0}."
     );
+    let _ = writeln!(md, "\nIssue 14's targets:");
     write_targets(
         &mut md,
         targets.iter().map(|t| (t.what, t.shown.as_str(), t.met)),
+    );
+    let _ = writeln!(md, "\nIssue 24's targets (ratios in this run):");
+    write_targets(
+        &mut md,
+        targets_24.iter().map(|t| (t.what, t.shown.as_str(), t.met)),
     );
     println!("\n{md}");
     std::fs::write(dir.join("summary.md"), &md).expect("write summary.md");
@@ -409,18 +532,18 @@ pub fn finish(test_mode: bool) {
     let json_rows: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({
+            let mut row = json!({
                 "cell": r.cell,
                 "metric": r.metric,
                 "higher_is_better": r.better == Better::Higher,
-                "idemdb": r.vals[0],
-                "redb_naive": r.vals[1],
-                "sqlite": r.vals[2],
-                "sqlite_shared": r.vals[3],
-                "idemdb_over_naive": r.ratio(1),
-                "idemdb_over_sqlite": r.ratio(2),
-                "idemdb_over_sqlite_shared": r.ratio(3),
-            })
+            });
+            for (i, kind) in Kind::ALL.iter().enumerate() {
+                row[kind.id()] = json!(r.vals[i]);
+                if i > 0 {
+                    row[format!("idemdb_over_{}", kind.id())] = json!(r.ratio(i));
+                }
+            }
+            row
         })
         .collect();
     let mut estimates = serde_json::Map::new();
@@ -436,13 +559,7 @@ pub fn finish(test_mode: bool) {
         "replay_2",
         "replay_1_load64",
     ] {
-        for bench in [
-            "idemdb",
-            "redb_naive",
-            "sqlite",
-            "sqlite_shared",
-            "fsync_floor",
-        ] {
+        for bench in Kind::ALL.map(Kind::id).into_iter().chain(["fsync_floor"]) {
             if let Some(e) = estimate(cell, bench) {
                 estimates.insert(
                     format!("{cell}/{bench}"),
@@ -458,9 +575,10 @@ pub fn finish(test_mode: bool) {
     let json = json!({
         "machine": machine().into_iter().collect::<BTreeMap<_, _>>(),
         "rows": json_rows,
-        "targets": targets.iter().map(|t| json!({
+        "targets": targets.iter().chain(&targets_24).map(|t| json!({
             "target": t.what, "measured": t.measured, "shown": t.shown, "met": t.met,
         })).collect::<Vec<_>>(),
+        "servers": servers.iter().cloned().collect::<BTreeMap<_, _>>(),
         "criterion_estimates": estimates,
         "side": side,
     });

@@ -1,5 +1,5 @@
 //! The PostgreSQL store (`idemdb_postgres::PgStore`) against the table a user would write by hand on
-//! the same server (`table.rs`, issue 22) and the embedded engine (`IdemDb`), in one run.
+//! the same server (`shared/pg_table.rs`, issue 22) and the embedded engine (`IdemDb`), in one run.
 //!
 //! All three are driven the same way: callers are OS threads, each driving the async
 //! `idemdb::Store` calls to completion with `Handle::block_on` on one shared multi-thread
@@ -28,7 +28,6 @@
 //! checks, and nothing is written.
 
 mod callers;
-mod cpu;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;
@@ -45,6 +44,7 @@ use idemdb::{Retention, Scope};
 use tokio::runtime::{Handle, Runtime};
 
 use callers::{Callers, Op};
+use shared::cpu;
 use shared::keys::{OPERATION, PRINCIPAL};
 use shared::report::target_dir;
 use subject::{Kind, Opened, parallel};

@@ -63,7 +63,7 @@ pub fn ran(cell: &str, kind: Kind, latencies: &mut [u64]) {
 }
 
 /// The CPU `used` over `ops` operations of `kind` in `cell`: the machine's and this process's.
-pub fn cpu(cell: &str, kind: Kind, used: crate::cpu::Usage, ops: u64) {
+pub fn cpu(cell: &str, kind: Kind, used: crate::shared::cpu::Usage, ops: u64) {
     if ops == 0 {
         return;
     }
@@ -316,7 +316,7 @@ impl Summary {
             "\nCallers are OS threads driving the async `Store` calls with `Handle::block_on` on \
              one multi-thread tokio runtime (2 workers), for every subject; the hand-written table \
              is `INSERT … ON CONFLICT DO NOTHING` (a `SELECT` on conflict) and a guarded \
-             `UPDATE`, autocommit, prepared, one connection per caller (benches/pg_compare/table.rs). \
+             `UPDATE`, autocommit, prepared, one connection per caller (benches/shared/pg_table.rs). \
              The drop-stall load has {CALLERS} callers."
         );
         md

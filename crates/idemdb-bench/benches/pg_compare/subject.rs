@@ -21,7 +21,7 @@ pub const LEASE: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Postgres,
-    /// The hand-written table over the same server (`table.rs`).
+    /// The hand-written table over the same server (`shared/pg_table.rs`).
     Table,
     Embedded,
 }

@@ -1,12 +1,15 @@
 //! What the benches (`compare`, `retention`, `pg_compare`) share: the stored keys and bodies,
-//! criterion's setup and files, caller threads, and the markdown report's pieces. Each bench includes it with
+//! criterion's setup and files, caller threads, CPU time, the hand-written PostgreSQL table,
+//! and the markdown report's pieces. Each bench includes it with
 //! `#[path = "../shared/mod.rs"] mod shared;`.
 
 // Each bench uses only part of it.
 #![allow(dead_code)]
 
 pub mod callers;
+pub mod cpu;
 pub mod keys;
+pub mod pg_table;
 pub mod report;
 
 use std::path::Path;
