@@ -264,7 +264,7 @@ impl Builder {
 
     fn validate(&self) -> Result<(), Error> {
         self.limits.validate()?;
-        self.retention.validate()
+        Ok(self.retention.validate()?)
     }
 
     fn finish(self, db: redb::Database, size: FileSize, log: LogFile) -> Result<IdemDb, Error> {

@@ -260,36 +260,8 @@ impl From<redb::Error> for Error {
 /// What an [`IdemDb::execute`](crate::IdemDb::execute) or
 /// [`complete_with`](crate::IdemDb::complete_with) call can fail with: the caller's own error
 /// from the closure (nothing was committed), or the store's (`D`: [`Error`] for the embedded
-/// engine, `PgError` for PostgreSQL).
-#[derive(Debug)]
-pub enum ExecuteError<E, D = Error> {
-    /// The closure returned this error; neither its writes nor the record were committed.
-    Closure(E),
-    /// The database failed or refused.
-    Db(D),
-}
-
-impl<E: fmt::Display, D: fmt::Display> fmt::Display for ExecuteError<E, D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExecuteError::Closure(e) => write!(f, "closure failed, nothing committed: {e}"),
-            ExecuteError::Db(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl<E, D> std::error::Error for ExecuteError<E, D>
-where
-    E: std::error::Error + 'static,
-    D: std::error::Error + 'static,
-{
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ExecuteError::Closure(e) => Some(e),
-            ExecuteError::Db(e) => Some(e),
-        }
-    }
-}
+/// engine).
+pub type ExecuteError<E, D = Error> = idemdb_core::ExecuteError<E, D>;
 
 impl<E> From<Error> for ExecuteError<E> {
     fn from(e: Error) -> Self {
@@ -335,8 +307,37 @@ impl From<InputError> for Error {
     }
 }
 
-impl<E> From<InputError> for ExecuteError<E> {
-    fn from(e: InputError) -> Self {
-        ExecuteError::Db(e.into())
+impl From<Refusal> for Error {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::InvalidInput(e) => Error::InvalidInput(e),
+            Refusal::Fenced { presented, current } => Error::Fenced { presented, current },
+            Refusal::UnknownRecord => Error::UnknownRecord,
+            Refusal::NotInProgress { state } => Error::NotInProgress { state },
+            Refusal::ForeignReservation => Error::ForeignReservation,
+            other => Error::Internal(format!("a refusal this engine does not know: {other}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fencing::FencingToken;
+
+    /// The renewal loop (idemdb-core) retries sooner after an unknown outcome and stops at a
+    /// refusal: the engine's side of that contract.
+    #[test]
+    fn an_unknown_outcome_is_transient_and_a_refusal_is_not() {
+        let unknown = Error::OutcomeUnknown(Arc::new(std::io::Error::other("cut")));
+        assert!(StoreError::is_transient(&unknown));
+        assert!(unknown.refusal().is_none());
+        let fenced = Error::from(Refusal::Fenced {
+            presented: FencingToken::new(3).unwrap(),
+            current: FencingToken::new(4).unwrap(),
+        });
+        assert!(!StoreError::is_transient(&fenced));
+        assert!(matches!(fenced.refusal(), Some(Refusal::Fenced { .. })));
+        assert!(!StoreError::is_transient(&Error::UnknownRecord));
     }
 }

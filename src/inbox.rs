@@ -3,54 +3,13 @@
 //! the dedupe record; a redelivery is a `Duplicate` and does not run it; a handler error
 //! commits nothing, so the redelivery runs it again.
 
-use std::time::Duration;
-
 use crate::db::IdemDb;
-use crate::error::{Error, ExecuteError, InputError};
-use crate::outcome::{ExecuteOutcome, Outcome};
+use crate::error::{Error, ExecuteError};
+use crate::outcome::Outcome;
 use crate::reentry::refuse_reentry;
-use crate::scope::{Key, Scope};
 use crate::tx::Tx;
-
-/// What [`IdemDb::consume`] did with a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use]
-pub enum Consumed {
-    /// First delivery: the handler ran and its writes committed with the dedupe record.
-    Processed,
-    /// A redelivery of a message already processed: the handler did not run.
-    Duplicate,
-    /// Another owner holds the message id under this scope with a two-step reservation (not
-    /// an inbox's doing): retry after this.
-    InProgress {
-        /// Time left on that owner's lease.
-        retry_after: Duration,
-    },
-    /// The message is older than its retention and refused by
-    /// [`BeyondHorizonPolicy::Refuse`](crate::BeyondHorizonPolicy::Refuse).
-    BeyondHorizon,
-}
-
-/// Every inbox record carries this payload, so a message id never mismatches itself.
-pub(crate) const INBOX_PAYLOAD: &[u8] = b"";
-
-pub(crate) fn names(consumer: &str, message_id: &[u8]) -> (Scope, Key) {
-    (Scope::new(consumer, ""), Key::new(message_id))
-}
-
-pub(crate) fn consumed(consumer: &str, outcome: ExecuteOutcome) -> Result<Consumed, Error> {
-    Ok(match outcome {
-        ExecuteOutcome::Executed(_) => Consumed::Processed,
-        ExecuteOutcome::Completed(_) | ExecuteOutcome::Failed(_) => Consumed::Duplicate,
-        ExecuteOutcome::InProgress { retry_after } => Consumed::InProgress { retry_after },
-        ExecuteOutcome::BeyondHorizon => Consumed::BeyondHorizon,
-        ExecuteOutcome::Mismatch => {
-            return Err(Error::InvalidInput(InputError::ConsumerScopeShared {
-                consumer: consumer.to_string(),
-            }));
-        }
-    })
-}
+pub use idemdb_core::inbox::Consumed;
+use idemdb_core::inbox::{INBOX_PAYLOAD, consumed, names};
 
 fn body<F, E>(handler: F) -> impl FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static
 where
@@ -134,7 +93,7 @@ impl IdemDb {
         Ok(self
             .call_many(calls)
             .into_iter()
-            .map(|out| consumed(consumer, out?).map_err(ExecuteError::Db))
+            .map(|out| consumed(consumer, out?).map_err(|e| ExecuteError::Db(e.into())))
             .collect())
     }
 

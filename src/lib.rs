@@ -20,8 +20,9 @@
 //! - Every outcome returned is durable. Writes from concurrent callers share fsyncs (group
 //!   commit).
 //!
-//! - Feature `postgres`: [`PgStore`] gives the same semantics to instances that share one
-//!   PostgreSQL database; the [`Store`] trait, the HTTP layer (crate `idemdb-http`) and [`Typed`] take either store.
+//! - The crate `idemdb-postgres` gives the same semantics to instances that share one
+//!   PostgreSQL database; the [`Store`] trait, the HTTP layer (crate `idemdb-http`) and
+//!   [`Typed`] take either store.
 //!
 //! See `docs/semantics.md` for every state × operation and `docs/design.md` for the layout.
 
@@ -29,31 +30,23 @@
 #![warn(missing_docs)]
 
 mod builder;
-use idemdb_core::{clock, fencing, scope, state};
+use idemdb_core::{clock, decide, fencing, fingerprint, outcome, renewal, scope, state, token};
 mod config;
 mod db;
-mod decide;
 mod durability;
 mod engine;
 mod engine_tables;
 mod error;
-mod fingerprint;
 mod guard;
-mod heartbeat;
 mod inbox;
 mod log_problem;
 mod measured;
 mod meta;
 mod observe;
 mod ops;
-mod outcome;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod record;
 mod reentry;
-mod renewal;
 mod retention;
-mod saga;
 mod scan;
 mod settings;
 mod shard;
@@ -65,7 +58,6 @@ mod tables;
 #[doc(hidden)]
 pub mod testing;
 mod timer;
-mod token;
 mod tx;
 mod tx_table;
 mod typed;
@@ -75,34 +67,32 @@ mod writer;
 
 /// The redb version idemdb is built on, for the caller's own table definitions.
 pub use redb;
-/// The tokio-postgres version the PostgreSQL store is built on, for closures' statements.
-#[cfg(feature = "postgres")]
-pub use tokio_postgres;
 
 pub use builder::Builder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Limits;
 pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError, Refusal, StoreError};
+/// Renews a lease on a thread of its own; see [`idemdb_core::Heartbeat`]. Over the embedded
+/// engine its error is [`Error`].
+pub type Heartbeat<E = Error> = idemdb_core::Heartbeat<E>;
 pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
-pub use heartbeat::Heartbeat;
+pub use idemdb_core::SagaStep;
+pub use idemdb_core::TypedOutcome;
+pub use idemdb_core::{BlockingStore, Store};
+/// A typed view of a store ([`idemdb_core::Typed`]); over the embedded engine by default,
+/// from [`IdemDb::typed`].
+pub type Typed<'db, T, F = T, S = IdemDb> = idemdb_core::Typed<'db, T, F, S>;
 pub use inbox::Consumed;
 pub use log_problem::LogProblem;
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-#[cfg(feature = "postgres")]
-pub use postgres::{
-    PgCompaction, PgError, PgFuture, PgStats, PgStore, PgStoreBuilder, PgTx, pg_handler,
-};
 pub use record::{Record, RecordState};
 pub use retention::compactor::CompactionReport;
 pub use retention::{BeyondHorizonPolicy, Retention};
-pub use saga::SagaStep;
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, Stats};
-pub use store::Store;
 pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use tx_table::TxTable;
-pub use typed::{Typed, TypedOutcome};

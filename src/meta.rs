@@ -5,8 +5,8 @@ use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, Table
 
 use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, VERSION_KEY};
 use crate::error::Error;
-use crate::fingerprint::{Fingerprinter, SECRET_LEN};
-use crate::record::{Record, RecordState};
+use crate::fingerprint::{Fingerprinter, SECRET_LEN, database_id};
+use crate::record::RecordState;
 use crate::retention::Rules;
 use crate::retention::horizon::HORIZON;
 use crate::retention::locate::Layout;
@@ -65,7 +65,7 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
             META.name()
         )));
     }
-    let secret = Fingerprinter::random_secret()?;
+    let secret = Fingerprinter::random_secret().map_err(Error::Entropy)?;
     {
         let mut meta = txn.open_table(META)?;
         meta.insert(MAGIC_KEY, MAGIC)?;
@@ -87,10 +87,6 @@ fn index_seed(secret: &[u8; SECRET_LEN]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0001)
 }
 
-pub(crate) fn database_id(secret: &[u8; SECRET_LEN]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0002)
-}
-
 /// Version 1 → 2: IN_PROGRESS records move from the records table to the in-flight table, in
 /// one durable transaction with the version change (a crash leaves version 1 intact).
 fn upgrade_from_1(db: &Database) -> Result<(), Error> {
@@ -101,7 +97,7 @@ fn upgrade_from_1(db: &Database) -> Result<(), Error> {
         let mut moving = Vec::new();
         for entry in records.iter()? {
             let (k, v) = entry?;
-            if Record::decode(v.value())?.state == RecordState::InProgress {
+            if crate::record::decode(v.value())?.state == RecordState::InProgress {
                 moving.push((k.value().to_vec(), v.value().to_vec()));
             }
         }
@@ -132,7 +128,7 @@ fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> 
             let (k, v) = entry?;
             rewrite.push((
                 RecordKey::from_stored(k.value()),
-                Record::decode(v.value())?,
+                crate::record::decode(v.value())?,
             ));
         }
         for (key, mut rec) in rewrite {

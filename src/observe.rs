@@ -97,12 +97,3 @@ pub(crate) fn clock_behind(partition: &str) {
     #[cfg(not(feature = "tracing"))]
     let _ = partition;
 }
-
-/// A release from a `Drop` (a dropped request) failed: the key waits for its lease.
-#[cfg(feature = "postgres")]
-pub(crate) fn warn_detached_release(error: &dyn std::fmt::Display) {
-    #[cfg(feature = "tracing")]
-    tracing::warn!(target: "idemdb::postgres", %error, "key not released after a dropped request");
-    #[cfg(not(feature = "tracing"))]
-    let _ = error;
-}

@@ -296,7 +296,7 @@ where
                     key.len()
                 ))
             })?;
-            let record = Record::decode(v.value()).map_err(|e| in_table(name, e))?;
+            let record = crate::record::decode(v.value()).map_err(|e| in_table(name, e))?;
             if self.filter.state.is_some_and(|s| s != record.state) {
                 continue;
             }

@@ -1,14 +1,14 @@
-//! What the HTTP layer, the typed layer and generic callers need of a store, so that they run
-//! unchanged over the embedded engine ([`IdemDb`]) or PostgreSQL (`PgStore`, feature
-//! `postgres`). Both stores decide with the same code (decide.rs); they differ in how they
-//! read and write atomically.
+//! The embedded engine as a [`Store`] (the `_async` methods) and a [`BlockingStore`] (the
+//! sync ones), for the HTTP layer, [`Typed`](crate::Typed) and code generic over stores.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use idemdb_core::{BlockingStore, Store};
+
 use crate::config::Limits;
 use crate::db::IdemDb;
-use crate::error::{Error, StoreError};
+use crate::error::Error;
 use crate::fingerprint::{Fingerprint, Payload};
 use crate::outcome::ReserveOutcome;
 use crate::record::Record;
@@ -16,98 +16,6 @@ use crate::retention::Retention;
 use crate::scope::{Key, Scope};
 use crate::timer::Sleep;
 use crate::token::Reservation;
-
-/// An idempotency store: the two-step operations, async, with the semantics of
-/// docs/semantics.md.
-///
-/// On [`IdemDb`] each method is the inherent `_async` method of the same name (the inherent
-/// sync methods keep their names: call these through the trait, e.g. in code generic over
-/// `S: Store`).
-pub trait Store: Send + Sync + 'static {
-    /// What this store's calls fail with: [`Error`](crate::Error) for the embedded engine,
-    /// `PgError` for PostgreSQL. Generic code reads it through [`StoreError`].
-    type Error: StoreError;
-
-    /// The input limits: keys, scopes and responses longer than these are refused.
-    fn limits(&self) -> &Limits;
-
-    /// The retention settings (TTL per operation).
-    fn retention(&self) -> &Retention;
-
-    /// The fingerprint this store keeps for `payload`, keyed by its own secret.
-    fn fingerprint(&self, payload: &[u8]) -> Fingerprint;
-
-    /// Reserves the intent atomically; see [`IdemDb::reserve`].
-    fn reserve<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Self::Error>> + Send;
-
-    /// Reserves, waiting out an IN_PROGRESS owner for up to `timeout`; see
-    /// [`IdemDb::reserve_or_wait`].
-    fn reserve_or_wait<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<ReserveOutcome, Self::Error>> + Send;
-
-    /// Finishes the reservation with success; see [`IdemDb::complete`].
-    fn complete(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Finishes the reservation with a deterministic failure; see [`IdemDb::fail`].
-    fn fail(
-        &self,
-        reservation: &Reservation,
-        response: impl Into<Vec<u8>>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Gives the key up so that a retry runs; see [`IdemDb::release`].
-    fn release(
-        &self,
-        reservation: &Reservation,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Renews the lease for `lease` from now; see [`IdemDb::extend`].
-    fn extend(
-        &self,
-        reservation: &mut Reservation,
-        lease: Duration,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// The live record of the key, if any; see [`IdemDb::get`].
-    fn get(
-        &self,
-        scope: &Scope,
-        key: &Key,
-    ) -> impl Future<Output = Result<Option<Record>, Self::Error>> + Send;
-
-    /// Releases the reservation from a place that cannot await (a `Drop`): now, or on a
-    /// task of its own. Failures are the caller's to log; the lease bounds what is lost.
-    fn release_detached(&self, reservation: Reservation) -> Result<(), Self::Error>;
-
-    /// Renews `reservation`'s lease of `lease` every third of it ([`extend`](Self::extend))
-    /// for as long as the returned future is polled: run it beside work that may outlast the
-    /// lease (e.g. in `tokio::select!`), so that a duplicate takes over only from an owner
-    /// that stopped, not from a slow one. It ends only when the lease is lost, with the
-    /// refusal that says why ([`Error::Fenced`], [`Error::UnknownRecord`],
-    /// [`Error::NotInProgress`], ...); a renewal that fails for the store being unreachable is
-    /// tried again sooner. [`Heartbeat`](crate::Heartbeat) runs it on a thread of its own.
-    fn renew_lease(
-        &self,
-        reservation: &Reservation,
-        lease: Duration,
-    ) -> impl Future<Output = Self::Error> + Send;
-}
 
 impl Store for IdemDb {
     type Error = Error;
@@ -206,5 +114,25 @@ impl Store for IdemDb {
             let sleep = |d| Sleep::until(timer, Instant::now() + d);
             crate::renewal::renew(reservation, lease, extend, sleep).await
         }
+    }
+}
+
+impl BlockingStore for IdemDb {
+    fn reserve_blocking(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        payload: Payload<'_>,
+        lease: Duration,
+    ) -> Result<ReserveOutcome, Error> {
+        IdemDb::reserve(self, scope, key, payload, lease)
+    }
+
+    fn complete_blocking(&self, reservation: &Reservation, response: Vec<u8>) -> Result<(), Error> {
+        IdemDb::complete(self, reservation, response)
+    }
+
+    fn fail_blocking(&self, reservation: &Reservation, response: Vec<u8>) -> Result<(), Error> {
+        IdemDb::fail(self, reservation, response)
     }
 }

@@ -1,174 +1,44 @@
-//! A typed convenience layer: responses as any `serde` type, stored as JSON bytes.
-
-use std::marker::PhantomData;
-use std::time::Duration;
+//! The typed view of the embedded engine ([`Typed`], from idemdb-core).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::db::IdemDb;
-use crate::error::Error;
-use crate::error::StoreError;
-use crate::fingerprint::Payload;
-use crate::outcome::ReserveOutcome;
-use crate::scope::{Key, Scope};
-use crate::store::Store;
-use crate::token::Reservation;
-
-/// [`ReserveOutcome`] with decoded responses: `T` for success, `F` for a stored failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use]
-pub enum TypedOutcome<T, F> {
-    /// The caller owns the intent; see [`ReserveOutcome::Acquired`].
-    Acquired(Reservation),
-    /// Same key, other payload; see [`ReserveOutcome::Mismatch`].
-    Mismatch,
-    /// The first success, decoded.
-    Completed(T),
-    /// The stored deterministic failure, decoded.
-    Failed(F),
-    /// Another caller holds a live lease; see [`ReserveOutcome::InProgress`].
-    InProgress {
-        /// Time left on the owner's lease.
-        retry_after: Duration,
-    },
-    /// A recognised key beyond the retention, refused by policy; see
-    /// [`ReserveOutcome::BeyondHorizon`].
-    BeyondHorizon,
-}
-
-/// A view of a store whose responses are `T` (success) and `F` (failure), stored as JSON.
-///
-/// Over [`IdemDb`] it has sync methods and their `_async` twins; over any other
-/// [`Store`] (such as `PgStore`, from [`Typed::over`]) the `_async` ones.
-///
-/// ```
-/// use idemdb::{IdemDb, Key, Scope, TypedOutcome};
-/// use serde::{Deserialize, Serialize};
-/// use std::time::Duration;
-///
-/// #[derive(Serialize, Deserialize, Debug, PartialEq)]
-/// struct Receipt { order: u64 }
-/// #[derive(Serialize, Deserialize, Debug, PartialEq)]
-/// struct Declined { reason: String }
-///
-/// # let dir = tempfile::tempdir()?;
-/// let db = IdemDb::open(dir.path().join("db"))?;
-/// let purchases = db.typed::<Receipt, Declined>();
-/// let (scope, key) = (Scope::new("purchase", "u1"), Key::new("k"));
-/// let lease = Duration::from_secs(10);
-/// if let TypedOutcome::Acquired(r) = purchases.reserve(&scope, &key, b"req", lease)? {
-///     purchases.complete(&r, &Receipt { order: 7 })?;
-/// }
-/// assert_eq!(
-///     purchases.reserve(&scope, &key, b"req", lease)?,
-///     TypedOutcome::Completed(Receipt { order: 7 })
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct Typed<'db, T, F = T, S = IdemDb> {
-    db: &'db S,
-    types: PhantomData<fn() -> (T, F)>,
-}
-
-impl<'db, T, F, S: Store> Typed<'db, T, F, S>
-where
-    T: Serialize + DeserializeOwned,
-    F: Serialize + DeserializeOwned,
-{
-    /// A typed view of `store`.
-    pub fn over(store: &'db S) -> Self {
-        Typed {
-            db: store,
-            types: PhantomData,
-        }
-    }
-
-    /// [`reserve`](Store::reserve), with the stored response decoded.
-    pub async fn reserve_async<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-    ) -> Result<TypedOutcome<T, F>, S::Error> {
-        typed(Store::reserve(self.db, scope, key, payload.into(), lease).await?)
-    }
-
-    /// [`complete`](Store::complete) with `value`, encoded.
-    pub async fn complete_async(
-        &self,
-        reservation: &Reservation,
-        value: &T,
-    ) -> Result<(), S::Error> {
-        Store::complete(self.db, reservation, encode::<_, S::Error>(value)?).await
-    }
-
-    /// [`fail`](Store::fail) with `value`, encoded.
-    pub async fn fail_async(&self, reservation: &Reservation, value: &F) -> Result<(), S::Error> {
-        Store::fail(self.db, reservation, encode::<_, S::Error>(value)?).await
-    }
-}
+use idemdb_core::Typed;
 
 impl IdemDb {
-    /// A typed view of this database; see [`Typed`].
-    pub fn typed<T, F>(&self) -> Typed<'_, T, F>
+    /// A typed view of this database: responses as any `serde` type, stored as JSON. Its sync
+    /// methods run on this thread, its `_async` ones on any executor; see [`Typed`].
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, Scope, TypedOutcome};
+    /// use serde::{Deserialize, Serialize};
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    /// struct Receipt { order: u64 }
+    /// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    /// struct Declined { reason: String }
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::open(dir.path().join("db"))?;
+    /// let purchases = db.typed::<Receipt, Declined>();
+    /// let (scope, key) = (Scope::new("purchase", "u1"), Key::new("k"));
+    /// let lease = Duration::from_secs(10);
+    /// if let TypedOutcome::Acquired(r) = purchases.reserve(&scope, &key, b"req", lease)? {
+    ///     purchases.complete(&r, &Receipt { order: 7 })?;
+    /// }
+    /// assert_eq!(
+    ///     purchases.reserve(&scope, &key, b"req", lease)?,
+    ///     TypedOutcome::Completed(Receipt { order: 7 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn typed<T, F>(&self) -> Typed<'_, T, F, IdemDb>
     where
         T: Serialize + DeserializeOwned,
         F: Serialize + DeserializeOwned,
     {
-        Typed {
-            db: self,
-            types: PhantomData,
-        }
+        Typed::over(self)
     }
-}
-
-impl<T, F> Typed<'_, T, F>
-where
-    T: Serialize + DeserializeOwned,
-    F: Serialize + DeserializeOwned,
-{
-    /// [`IdemDb::reserve`], with stored responses decoded.
-    pub fn reserve<'p>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        payload: impl Into<Payload<'p>>,
-        lease: Duration,
-    ) -> Result<TypedOutcome<T, F>, Error> {
-        typed(self.db.reserve(scope, key, payload, lease)?)
-    }
-
-    /// [`IdemDb::complete`] with `value` encoded as JSON.
-    pub fn complete(&self, reservation: &Reservation, value: &T) -> Result<(), Error> {
-        self.db.complete(reservation, encode::<_, Error>(value)?)
-    }
-
-    /// [`IdemDb::fail`] with `value` encoded as JSON.
-    pub fn fail(&self, reservation: &Reservation, value: &F) -> Result<(), Error> {
-        self.db.fail(reservation, encode::<_, Error>(value)?)
-    }
-}
-
-/// A reservation's outcome with the stored response decoded.
-fn typed<T: DeserializeOwned, F: DeserializeOwned, E: StoreError>(
-    outcome: ReserveOutcome,
-) -> Result<TypedOutcome<T, F>, E> {
-    Ok(match outcome {
-        ReserveOutcome::Acquired(r) => TypedOutcome::Acquired(r),
-        ReserveOutcome::Mismatch => TypedOutcome::Mismatch,
-        ReserveOutcome::Completed(b) => TypedOutcome::Completed(decode(&b)?),
-        ReserveOutcome::Failed(b) => TypedOutcome::Failed(decode(&b)?),
-        ReserveOutcome::InProgress { retry_after } => TypedOutcome::InProgress { retry_after },
-        ReserveOutcome::BeyondHorizon => TypedOutcome::BeyondHorizon,
-    })
-}
-
-fn encode<V: Serialize, E: StoreError>(value: &V) -> Result<Vec<u8>, E> {
-    serde_json::to_vec(value).map_err(E::codec)
-}
-
-fn decode<V: DeserializeOwned, E: StoreError>(bytes: &[u8]) -> Result<V, E> {
-    serde_json::from_slice(bytes).map_err(E::codec)
 }

@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::clock::duration_ms;
 use crate::db::IdemDb;
-use crate::error::{Error, ExecuteError, InputError};
+use crate::error::{Error, ExecuteError};
 use crate::stats::StatsCollector;
 use crate::tx::Tx;
 use crate::writer::op::{ClosureFailed, OpOutput, WriteOp};
@@ -124,17 +123,9 @@ impl IdemDb {
     }
 }
 
-/// A lease in whole milliseconds, rounded up so that a sub-millisecond lease is not zero.
+/// A lease in whole milliseconds ([`idemdb_core::clock::lease_ms`]), a zero lease refused.
 pub(crate) fn lease_ms(lease: Duration) -> Result<u64, Error> {
-    if lease.is_zero() {
-        return Err(Error::InvalidInput(InputError::ZeroLease));
-    }
-    let ms = duration_ms(lease);
-    Ok(if lease > Duration::from_millis(ms) {
-        ms.saturating_add(1)
-    } else {
-        ms
-    })
+    Ok(idemdb_core::clock::lease_ms(lease)?)
 }
 
 /// Where a caller's closure leaves its error (and a `run` its value) for the finisher, while

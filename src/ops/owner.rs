@@ -155,7 +155,7 @@ impl IdemDb {
 
     /// Refuses a reservation issued by another database before anything is queued.
     fn check_issuer(&self, res: &Reservation) -> Result<(), Error> {
-        if res.database_id != self.engine.database_id {
+        if res.database_id() != self.engine.database_id {
             return Err(Error::ForeignReservation);
         }
         Ok(())
@@ -174,7 +174,7 @@ impl IdemDb {
         Ok(owner_op(
             res,
             RecordOp::Finish {
-                token: res.token,
+                token: res.token(),
                 state,
                 response,
                 business,
@@ -228,7 +228,7 @@ impl IdemDb {
 
     pub(crate) fn prepare_release(&self, res: &Reservation) -> Call<'static, Done> {
         let prepared = self.check_issuer(res).map(|()| {
-            let op = owner_op(res, RecordOp::Release { token: res.token });
+            let op = owner_op(res, RecordOp::Release { token: res.token() });
             Call::submit(op, done)
         });
         Call::checked(prepared).counted(|stats, out| {
@@ -252,13 +252,13 @@ impl IdemDb {
         let op = owner_op(
             res,
             RecordOp::Extend {
-                token: res.token,
+                token: res.token(),
                 lease_ms,
             },
         );
         let finish = move |out: Result<OpOutput, Error>| match out? {
             OpOutput::Extended { lease_expires_at } => {
-                res.lease_expires_at = lease_expires_at;
+                res.renewed(lease_expires_at);
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -270,7 +270,7 @@ impl IdemDb {
 /// `op` on the record `res` reserved.
 fn owner_op(res: &Reservation, op: RecordOp) -> WriteOp {
     WriteOp::Record {
-        key: res.record_key.clone(),
+        key: res.record_key().clone(),
         op,
     }
 }

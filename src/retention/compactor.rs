@@ -15,7 +15,6 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use crate::clock::Clock;
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::record::Record;
 use crate::retention::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
 use crate::retention::partition::Partition;
 use crate::scope::RecordKey;
@@ -67,7 +66,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
 fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Error> {
     let engine = &*writer.engine;
     let layout = &engine.layout;
-    let until = layout.rules.partition_horizon(&part.name);
+    let until = part.name.horizon(&layout.rules);
     let keep = layout.rules.keeps(until, now);
     // Read outside the writer, so the batches do not wait for it; checked again below.
     let read = match engine.db.begin_read()?.open_table(part.table()) {
@@ -133,7 +132,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
         let txn = engine.db.begin_read()?;
         for entry in txn.open_table(INFLIGHT)?.iter()? {
             let (k, v) = entry?;
-            if Record::decode(v.value())?.is_expired(now) {
+            if crate::record::decode(v.value())?.is_expired(now) {
                 expired.push(k.value().to_vec());
             }
         }
@@ -149,11 +148,11 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             for key in &expired {
                 // Looked at again: a takeover may have renewed it since the read.
                 let stale = match table.get(key.as_slice())? {
-                    Some(v) => Record::decode(v.value())?.is_expired(now),
+                    Some(v) => crate::record::decode(v.value())?.is_expired(now),
                     None => false,
                 };
                 if stale && let Some(rec) = table.remove(key.as_slice())? {
-                    removed.push((key.clone(), Record::decode(rec.value())?));
+                    removed.push((key.clone(), crate::record::decode(rec.value())?));
                 }
             }
             // Each swept key is recognised until its own horizon (lease end + factor × TTL):

@@ -206,7 +206,7 @@ pub(crate) fn find(
             .is_none_or(|live| live.expires_at <= latest_write),
     };
     if look_further && let Some(v) = inflight.get(at.key.as_bytes())? {
-        found.consider(Record::decode(v.value())?, at.now);
+        found.consider(crate::record::decode(v.value())?, at.now);
     }
     Ok(found)
 }
@@ -244,7 +244,7 @@ pub(crate) fn get_in(
     key: &RecordKey,
 ) -> Result<Option<Record>, Error> {
     match table.get(key.as_bytes())? {
-        Some(v) => Ok(Some(Record::decode(v.value())?)),
+        Some(v) => Ok(Some(crate::record::decode(v.value())?)),
         None => Ok(None),
     }
 }

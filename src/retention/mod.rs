@@ -1,10 +1,9 @@
 //! Retention: how long a record counts as a duplicate, where finished records live (time
 //! partitions), how a key is found among them, which dropped keys are still recognised, and
-//! the compactor that drops what expired. The rules are written once, in [`Rules`].
+//! the compactor that drops what expired. The settings and their formulas (expiry, horizons)
+//! are idemdb-core's `Retention` and `Rules`, shared with PostgreSQL; the windows are here.
 //!
-//! - settings.rs: [`Retention`] (public settings) and [`Rules`] (the same in ms, with every
-//!   retention formula: expiry, windows, horizons);
-//! - partition.rs: partition names and the catalog;
+//! - partition.rs: partition names, a record's window, and the catalog;
 //! - key_index.rs: which partitions may hold a key;
 //! - horizon.rs: recognised keys of removed records, and their rows on disk;
 //! - locate.rs: the layout loaded at open, and the lookup of a key;
@@ -17,7 +16,5 @@ pub(crate) mod key_index;
 pub(crate) mod locate;
 pub(crate) mod partition;
 pub(crate) mod records;
-pub(crate) mod settings;
 
-pub(crate) use settings::Rules;
-pub use settings::{BeyondHorizonPolicy, Retention};
+pub use idemdb_core::retention::{BeyondHorizonPolicy, Retention, Rules};

@@ -14,6 +14,7 @@ use parking_lot::RwLock;
 use redb::{ReadTransaction, TableDefinition, TableHandle};
 
 use crate::error::Error;
+use crate::retention::Rules;
 
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
 const PREFIX: &str = "idemdb_p_";
@@ -55,6 +56,25 @@ impl PartitionName {
     /// Whether `table` carries the partition prefix (well formed or not).
     pub(crate) fn is_partition_table(table: &str) -> bool {
         table.starts_with(PREFIX)
+    }
+
+    /// The partition a finished record last changed at `updated_at` with TTL `ttl` belongs
+    /// to: the one of its own window.
+    pub(crate) fn of_record(rules: &Rules, updated_at: u64, ttl: u64) -> PartitionName {
+        let width = rules.width_ms.max(1);
+        PartitionName {
+            start: updated_at - updated_at % width,
+            width,
+            ttl,
+        }
+    }
+
+    /// Until when the keys of this partition, once dropped, are recognised: its window's end +
+    /// factor × TTL.
+    pub(crate) fn horizon(&self, rules: &Rules) -> u64 {
+        self.start
+            .saturating_add(self.width)
+            .saturating_add(rules.horizon_ms(self.ttl))
     }
 
     /// When every record in it has expired.
@@ -161,7 +181,7 @@ impl Partitions {
         Arc::clone(&self.current.read())
     }
 
-    /// The partition `name` (a record's own window: `Rules::partition_for`), created if
+    /// The partition `name` (a record's own window: `PartitionName::of_record`), created if
     /// needed, and whether it was created. Called by the writer only, so the catalog cannot
     /// change between the look and the install.
     ///
@@ -232,7 +252,7 @@ mod tests {
         PartitionName { start, width, ttl }
     }
 
-    /// The partition a record changed at `t` goes to (as `Rules::partition_for`).
+    /// The partition a record changed at `t` goes to (as `PartitionName::of_record`).
     fn window(t: u64, width: u64, ttl: u64) -> PartitionName {
         name(t - t % width, width, ttl)
     }

@@ -15,7 +15,7 @@ use crate::retention::horizon::tag;
 use crate::retention::locate::{
     Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in,
 };
-use crate::retention::partition::{Partition, PartitionId};
+use crate::retention::partition::{Partition, PartitionId, PartitionName};
 use crate::scope::RecordKey;
 use crate::wal::Effect;
 
@@ -113,7 +113,7 @@ impl<'t> Records<'t> {
         let rules = &self.layout.rules;
         let ttl = rules.ttl_ms(key);
         rec.expires_at = rules.expires_at(rec, ttl);
-        let value = rec.encode();
+        let value = crate::record::encode(rec);
         if rec.state == RecordState::InProgress {
             self.inflight.insert(key.as_bytes(), value.as_slice())?;
             self.effects.push(Effect::Put {
@@ -122,10 +122,10 @@ impl<'t> Records<'t> {
                 value,
             });
         } else {
-            let placed = self
-                .layout
-                .partitions
-                .place(rules.partition_for(rec.updated_at, ttl));
+            let placed =
+                self.layout
+                    .partitions
+                    .place(PartitionName::of_record(rules, rec.updated_at, ttl));
             let part = placed.partition;
             if placed.created {
                 self.created.ids.push(part.id);
@@ -168,7 +168,7 @@ impl<'t> Records<'t> {
             let (k, v) = entry?;
             out.push((
                 RecordKey::from_stored(k.value()),
-                Record::decode(v.value())?,
+                crate::record::decode(v.value())?,
             ));
         }
         Ok(out)

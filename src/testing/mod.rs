@@ -15,6 +15,12 @@ pub const INFLIGHT: TableDefinition<'static, &[u8], &[u8]> = crate::engine_table
 pub const HORIZON: TableDefinition<'static, &[u8], &[u8]> = crate::retention::horizon::HORIZON;
 
 /// The names of the partition tables `read` holds, oldest first.
+/// Decodes a record as stored in the engine's tables (docs/design.md §3).
+pub fn decode_record(bytes: &[u8]) -> Result<crate::Record, crate::Error> {
+    crate::record::decode(bytes)
+}
+
+/// The partition tables of a read transaction.
 pub fn partition_tables(read: &ReadTransaction) -> Result<Vec<String>, crate::Error> {
     crate::retention::partition::partition_tables(read)
 }

@@ -24,7 +24,6 @@ use super::state::{LogState, read_losses, read_state, record_loss};
 use crate::engine_tables::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
-use crate::record::Record;
 use crate::retention::partition::PartitionName;
 use crate::stats::LogLoss;
 use crate::tables::TableRegistry;
@@ -286,9 +285,11 @@ fn token_bound(seen: &Seen) -> u64 {
     let mut bound = 0;
     for effect in seen.all_frames().flat_map(|f| &f.effects) {
         let above = match effect {
-            Effect::Put { table, value, .. } if is_record_table(table) => Record::decode(value)
-                .map(|r| r.token.get().saturating_add(1))
-                .unwrap_or(0),
+            Effect::Put { table, value, .. } if is_record_table(table) => {
+                crate::record::decode(value)
+                    .map(|r| r.token.get().saturating_add(1))
+                    .unwrap_or(0)
+            }
             Effect::Ceiling(c) => *c,
             _ => 0,
         };

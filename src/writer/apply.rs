@@ -16,7 +16,7 @@ use crate::retention::BeyondHorizonPolicy;
 use crate::retention::locate::Found;
 use crate::retention::records::{Created, Records};
 use crate::tables::TableRegistry;
-use crate::token::{FencingToken, Reservation};
+use crate::token::{FencingToken, Grant, Reservation};
 use crate::tx::Tx;
 use crate::tx_table::BusinessLog;
 use crate::wal::Effect;
@@ -232,7 +232,7 @@ fn try_apply(
                 } => (rec, takeover, beyond),
             };
             records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            let acquired = Reservation {
+            let acquired = Reservation::issue(Grant {
                 database_id: ctx.database_id,
                 record_key: key,
                 token: rec.token,
@@ -240,7 +240,7 @@ fn try_apply(
                 attempt: rec.attempts,
                 takeover,
                 beyond_horizon: beyond,
-            };
+            });
             let mut applied =
                 Applied::changed(OpOutput::Reserved(ReserveOutcome::Acquired(acquired)));
             applied.beyond_horizon = beyond;
@@ -254,7 +254,7 @@ fn try_apply(
         } => {
             let mut rec = match check_owner(found.live, token) {
                 Ok(rec) => rec,
-                Err(e) => return Ok(Applied::answer(Err(e))),
+                Err(e) => return Ok(Applied::answer(Err(e.into()))),
             };
             let mut wrote = BusinessLog::default();
             if let Some(business) = business {
@@ -272,7 +272,7 @@ fn try_apply(
         }
         RecordOp::Release { token } => {
             if let Err(e) = check_owner(found.live, token) {
-                return Ok(Applied::answer(Err(e)));
+                return Ok(Applied::answer(Err(e.into())));
             }
             records.remove(&key).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
@@ -280,7 +280,7 @@ fn try_apply(
         RecordOp::Extend { token, lease_ms } => {
             let mut rec = match check_owner(found.live, token) {
                 Ok(rec) => rec,
-                Err(e) => return Ok(Applied::answer(Err(e))),
+                Err(e) => return Ok(Applied::answer(Err(e.into()))),
             };
             rec.lease_expires_at = now.saturating_add(lease_ms);
             rec.updated_at = now;

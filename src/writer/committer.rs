@@ -55,9 +55,9 @@ impl Writer {
         }
         queue.jobs.push_back(Job {
             op: WriteOp::Record {
-                key: reservation.record_key.clone(),
+                key: reservation.record_key().clone(),
                 op: RecordOp::Release {
-                    token: reservation.token,
+                    token: reservation.token(),
                 },
             },
             slot: Slot::new(true),

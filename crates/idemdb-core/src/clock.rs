@@ -77,3 +77,17 @@ impl Clock for ManualClock {
 pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// A lease in whole milliseconds, rounded up so that a sub-millisecond lease is not zero; a
+/// zero lease is refused.
+pub fn lease_ms(lease: Duration) -> Result<u64, crate::error::InputError> {
+    if lease.is_zero() {
+        return Err(crate::error::InputError::ZeroLease);
+    }
+    let ms = duration_ms(lease);
+    Ok(if lease > Duration::from_millis(ms) {
+        ms.saturating_add(1)
+    } else {
+        ms
+    })
+}

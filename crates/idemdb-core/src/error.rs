@@ -130,3 +130,43 @@ pub trait StoreError: std::error::Error + Clone + Send + Sync + 'static {
     /// (`Heartbeat`).
     fn internal(what: String) -> Self;
 }
+
+/// What a one-shot `execute` or `complete_with` call can fail with: the caller's own error
+/// from the closure (nothing was committed), or the store's (`D`: `idemdb::Error` for the
+/// embedded engine, `PgError` for PostgreSQL).
+#[derive(Debug)]
+pub enum ExecuteError<E, D> {
+    /// The closure returned this error; neither its writes nor the record were committed.
+    Closure(E),
+    /// The database failed or refused.
+    Db(D),
+}
+
+impl<E: fmt::Display, D: fmt::Display> fmt::Display for ExecuteError<E, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecuteError::Closure(e) => write!(f, "closure failed, nothing committed: {e}"),
+            ExecuteError::Db(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl<E, D> std::error::Error for ExecuteError<E, D>
+where
+    E: std::error::Error + 'static,
+    D: std::error::Error + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExecuteError::Closure(e) => Some(e),
+            ExecuteError::Db(e) => Some(e),
+        }
+    }
+}
+
+/// Bad input is the store's refusal, whatever the closure's error type.
+impl<E, D: From<InputError>> From<InputError> for ExecuteError<E, D> {
+    fn from(e: InputError) -> Self {
+        ExecuteError::Db(e.into())
+    }
+}

@@ -69,7 +69,7 @@ pub struct IdempotencyConfig {
     /// through without idempotency.
     pub require_key: bool,
     /// Longest accepted key, in bytes (default 255; at most the store's
-    /// [`Limits::max_key_len`](idemdb::Limits::max_key_len)).
+    /// [`Limits::max_key_len`](idemdb_core::Limits::max_key_len)).
     pub max_key_len: usize,
     /// Parse the key strictly as an RFC 8941 sf-string, as the draft specifies (default
     /// false): a quoted string of %x20-7E with `\"` and `\\` escapes, one key per field
@@ -80,7 +80,7 @@ pub struct IdempotencyConfig {
     pub max_body: usize,
     /// Largest response stored, in bytes, counted as stored: the body plus 5 bytes and, per
     /// kept header, its name and value and 6 bytes (default 1 MiB; at most the store's
-    /// [`Limits::max_response_len`](idemdb::Limits::max_response_len), checked when the layer
+    /// [`Limits::max_response_len`](idemdb_core::Limits::max_response_len), checked when the layer
     /// is built). A larger final response is sent, and a marker with its status and a
     /// problem body saying it was too large is stored in its place: retries get the marker,
     /// and the handler does not run again.

@@ -17,9 +17,9 @@ use crate::config::Shared;
 use crate::marker::Marker;
 use crate::problem::Problem;
 use crate::stored::StoredResponse;
-use idemdb::Reservation;
-use idemdb::Store;
-use idemdb::{Refusal, StoreError};
+use idemdb_core::Reservation;
+use idemdb_core::Store;
+use idemdb_core::{Refusal, StoreError};
 
 /// Runs the handler as the key's owner; stores its response if final, else releases the key.
 pub(crate) async fn run_handler<S, St: Store>(

@@ -3,7 +3,7 @@
 
 use http::{HeaderMap, HeaderName};
 
-use idemdb::Key;
+use idemdb_core::Key;
 
 /// The request's key: `Ok(None)` without the header; `Err(why)` for a value that is no key.
 pub(crate) fn parse_key(

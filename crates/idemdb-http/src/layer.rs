@@ -8,17 +8,16 @@ use tower_layer::Layer;
 use crate::config::{IdempotencyConfig, Shared};
 use crate::marker::Marker;
 use crate::service::Idempotency;
-use idemdb::IdemDb;
-use idemdb::InputError;
-use idemdb::Store;
+use idemdb_core::InputError;
+use idemdb_core::Store;
 
 /// A tower [`Layer`] that makes a route idempotent under the `Idempotency-Key` header: the
 /// handler runs once per key and every retry gets its first response back.
 ///
 /// See the module documentation for the full behaviour. The store is the embedded
-/// [`IdemDb`] by default, or any [`Store`] (e.g. `PgStore`, feature `postgres`, for
+/// `idemdb::IdemDb`, or any other [`Store`] (e.g. `idemdb_postgres::PgStore`, for
 /// instances that share one database).
-pub struct IdempotencyLayer<St = IdemDb> {
+pub struct IdempotencyLayer<St> {
     shared: Arc<Shared<St>>,
 }
 
@@ -37,8 +36,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Refused with the [`InputError`] when a response or key the layer accepts could
     /// not be stored, so that no handler's answer is ever left unstored for a limit:
     /// `max_stored_response` above the store's
-    /// [`Limits::max_response_len`](idemdb::Limits::max_response_len), `max_key_len` above its
-    /// [`Limits::max_key_len`](idemdb::Limits::max_key_len), a store limit too small for the
+    /// [`Limits::max_response_len`](idemdb_core::Limits::max_response_len), `max_key_len` above its
+    /// [`Limits::max_key_len`](idemdb_core::Limits::max_key_len), a store limit too small for the
     /// layer's own marker of a too-large response, or a zero `lease`.
     pub fn new(db: Arc<St>, config: IdempotencyConfig) -> Result<Self, InputError> {
         check_fits(&*db, &config)?;

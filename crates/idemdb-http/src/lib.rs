@@ -1,7 +1,7 @@
 //! # idemdb-http
 //!
-//! An `Idempotency-Key` layer for tower and axum over any [`idemdb::Store`] (the embedded
-//! [`idemdb::IdemDb`] or `PgStore` (idemdb's feature `postgres`)), after the IETF httpapi
+//! An `Idempotency-Key` layer for tower and axum over any [`Store`](idemdb_core::Store) (the embedded
+//! `idemdb::IdemDb` or `idemdb_postgres::PgStore`), after the IETF httpapi
 //! draft "The Idempotency-Key HTTP Header Field" (draft-ietf-httpapi-idempotency-key-header-06).
 //!
 //! Put [`IdempotencyLayer`] on the routes that change state. For a request whose method is in
@@ -19,7 +19,7 @@
 //! | a retry while the first is running | 409 with `Retry-After`, or, with [`wait`](IdempotencyConfig::wait), the first response once it is stored |
 //! | the same key, method and route with another query or body | 422 |
 //! | the same key with another method or route | another scope: a request of its own |
-//! | a key beyond its retention, under [`BeyondHorizonPolicy::Refuse`](idemdb::BeyondHorizonPolicy::Refuse) | 422 |
+//! | a key beyond its retention, under [`BeyondHorizonPolicy::Refuse`](idemdb_core::BeyondHorizonPolicy::Refuse) | 422 |
 //! | the handler's response body fails midway | 500 (`handler-failed`); the key is released |
 //! | the store fails | 503; the handler did not run |
 //!
@@ -49,7 +49,7 @@
 //! it ([`IdempotencyConfig::renew_lease`], on by default): a retry takes the key over only
 //! from an instance that stopped, never from a handler that is merely slower than the lease.
 //! [`IdempotencyLayer::new`] refuses a config whose limits the store's
-//! [`Limits`](idemdb::Limits) could not hold.
+//! [`Limits`](idemdb_core::Limits) could not hold.
 //!
 //! Every answer to a request with the layer's methods carries the retention in force
 //! (`Idempotency-Retention: <seconds>`), the layer's refusals included. Problem answers are
@@ -59,8 +59,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use axum::{Router, routing::post};
-//! use idemdb::IdemDb;
-//! use idemdb_http::{IdempotencyConfig, IdempotencyLayer};
+//! //! use idemdb_http::{IdempotencyConfig, IdempotencyLayer};
 //!
 //! # let dir = tempfile::tempdir()?;
 //! let db = Arc::new(IdemDb::open(dir.path().join("shop.idemdb"))?);

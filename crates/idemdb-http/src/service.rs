@@ -17,17 +17,16 @@ use crate::finish::{run_handler, warn};
 use crate::key::parse_key;
 use crate::problem::Problem;
 use crate::stored::StoredResponse;
-use idemdb::IdemDb;
-use idemdb::Limits;
-use idemdb::ReserveOutcome;
-use idemdb::Store;
-use idemdb::{Key, Scope};
+use idemdb_core::Limits;
+use idemdb_core::ReserveOutcome;
+use idemdb_core::Store;
+use idemdb_core::{Key, Scope};
 
 /// Response header on every replay.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps a handler in.
-pub struct Idempotency<S, St = IdemDb> {
+pub struct Idempotency<S, St> {
     inner: S,
     shared: Arc<Shared<St>>,
 }

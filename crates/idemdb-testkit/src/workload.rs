@@ -674,7 +674,7 @@ fn check_reopened(
         let all = read.open_table(table).map_err(|e| e.to_string())?;
         for entry in all.iter().map_err(|e| e.to_string())? {
             let (_, v) = entry.map_err(|e| e.to_string())?;
-            let rec = Record::decode(v.value())
+            let rec = idemdb::testing::decode_record(v.value())
                 .map_err(|e| format!("a stored record fails to decode: {e}"))?;
             if (rec.state == RecordState::InProgress) != in_progress {
                 return Err(format!("a {:?} record in the wrong table", rec.state));

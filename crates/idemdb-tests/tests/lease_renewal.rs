@@ -16,8 +16,9 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use common::acquired;
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{Heartbeat, IdemDb, Key, PgStore, Refusal, ReserveOutcome, Scope, Store, StoreError};
+use idemdb::{Heartbeat, IdemDb, Key, Refusal, ReserveOutcome, Scope, Store, StoreError};
 use idemdb_http::{IdempotencyConfig, IdempotencyLayer};
+use idemdb_postgres::PgStore;
 use tower::ServiceExt;
 
 const LEASE: Duration = Duration::from_secs(1);

@@ -120,8 +120,9 @@ fn resolve(modules: &BTreeSet<String>, base: &str, path: &str) -> Option<String>
 /// The src/ directories of the workspace's crates, by crate, and how many modules each has
 /// at least (so that a moved directory fails instead of checking nothing).
 const CRATES: &[(&str, &str, usize)] = &[
-    ("idemdb", "../../src", 50),
-    ("idemdb-core", "../idemdb-core/src", 6),
+    ("idemdb", "../../src", 45),
+    ("idemdb-core", "../idemdb-core/src", 19),
+    ("idemdb-postgres", "../idemdb-postgres/src", 16),
     ("idemdb-http", "../idemdb-http/src", 8),
     ("idemdb-cli", "../idemdb-cli/src", 8),
     ("idemdb-testkit", "../idemdb-testkit/src", 5),

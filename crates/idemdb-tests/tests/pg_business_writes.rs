@@ -5,12 +5,12 @@ mod common;
 
 use common::stores::{accounts, accounts_table, postgres, runtime};
 
-use idemdb::tokio_postgres;
 use idemdb::{Consumed, ExecuteError, ExecuteOutcome, Key, Outcome, ReserveOutcome, Scope, Store};
+use idemdb_postgres::tokio_postgres;
 
 use common::{LEASE, acquired};
 
-async fn orders_table(db: &idemdb::PgStore) {
+async fn orders_table(db: &idemdb_postgres::PgStore) {
     let client = db.pool().get().await.unwrap();
     client
         .batch_execute("CREATE TABLE orders (id text PRIMARY KEY, cents bigint NOT NULL)")
@@ -18,7 +18,7 @@ async fn orders_table(db: &idemdb::PgStore) {
         .unwrap();
 }
 
-async fn orders(db: &idemdb::PgStore) -> Vec<(String, i64)> {
+async fn orders(db: &idemdb_postgres::PgStore) -> Vec<(String, i64)> {
     let client = db.pool().get().await.unwrap();
     client
         .query("SELECT id, cents FROM orders ORDER BY id", &[])
@@ -38,8 +38,8 @@ fn execute_commits_the_closure_writes_with_the_record_once() {
         let scope = Scope::new("POST /orders", "u1");
         let key = Key::new("k1");
         fn place<'t>(
-            tx: &'t mut idemdb::PgTx<'_>,
-        ) -> idemdb::PgFuture<'t, Result<Outcome, tokio_postgres::Error>> {
+            tx: &'t mut idemdb_postgres::PgTx<'_>,
+        ) -> idemdb_postgres::PgFuture<'t, Result<Outcome, tokio_postgres::Error>> {
             Box::pin(async move {
                 tx.execute("INSERT INTO orders VALUES ('o-1', 1999)", &[])
                     .await?;
@@ -71,27 +71,37 @@ fn a_failing_closure_commits_neither_its_writes_nor_the_record() {
         let scope = Scope::new("POST /orders", "u1");
         let key = Key::new("k1");
         let result = db
-            .execute(&scope, &key, b"req", |tx: &mut idemdb::PgTx<'_>| {
-                Box::pin(async move {
-                    tx.execute("INSERT INTO orders VALUES ('o-1', 5)", &[])
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Err::<Outcome, _>("the stock ran out".to_string())
-                })
-            })
+            .execute(
+                &scope,
+                &key,
+                b"req",
+                |tx: &mut idemdb_postgres::PgTx<'_>| {
+                    Box::pin(async move {
+                        tx.execute("INSERT INTO orders VALUES ('o-1', 5)", &[])
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Err::<Outcome, _>("the stock ran out".to_string())
+                    })
+                },
+            )
             .await;
         assert!(matches!(result, Err(ExecuteError::Closure(ref e)) if e == "the stock ran out"));
         assert!(orders(db).await.is_empty());
         assert_eq!(db.get(&scope, &key).await.unwrap(), None);
         // The retry runs.
         let ok = db
-            .execute(&scope, &key, b"req", |tx: &mut idemdb::PgTx<'_>| {
-                Box::pin(async move {
-                    tx.execute("INSERT INTO orders VALUES ('o-1', 5)", &[])
-                        .await?;
-                    Ok::<_, tokio_postgres::Error>(Outcome::Failed(b"declined".to_vec()))
-                })
-            })
+            .execute(
+                &scope,
+                &key,
+                b"req",
+                |tx: &mut idemdb_postgres::PgTx<'_>| {
+                    Box::pin(async move {
+                        tx.execute("INSERT INTO orders VALUES ('o-1', 5)", &[])
+                            .await?;
+                        Ok::<_, tokio_postgres::Error>(Outcome::Failed(b"declined".to_vec()))
+                    })
+                },
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -116,7 +126,7 @@ fn complete_with_commits_with_the_record_and_a_stale_owner_runs_nothing() {
             let db = std::sync::Arc::clone(&db);
             let r = r.clone();
             tokio::spawn(async move {
-                db.complete_with(&r, b"201".to_vec(), |tx: &mut idemdb::PgTx<'_>| {
+                db.complete_with(&r, b"201".to_vec(), |tx: &mut idemdb_postgres::PgTx<'_>| {
                     Box::pin(async move {
                         tx.execute("INSERT INTO orders VALUES ('o-1', 7)", &[])
                             .await?;
@@ -133,7 +143,7 @@ fn complete_with_commits_with_the_record_and_a_stale_owner_runs_nothing() {
         );
         // Finished: a second complete_with is refused before its closure runs.
         let again = db
-            .complete_with(&r, b"201".to_vec(), |tx: &mut idemdb::PgTx<'_>| {
+            .complete_with(&r, b"201".to_vec(), |tx: &mut idemdb_postgres::PgTx<'_>| {
                 Box::pin(async move {
                     tx.execute("INSERT INTO orders VALUES ('o-2', 7)", &[])
                         .await?;
@@ -143,7 +153,9 @@ fn complete_with_commits_with_the_record_and_a_stale_owner_runs_nothing() {
             .await;
         assert!(matches!(
             again,
-            Err(ExecuteError::Db(idemdb::PgError::NotInProgress { .. }))
+            Err(ExecuteError::Db(
+                idemdb_postgres::PgError::NotInProgress { .. }
+            ))
         ));
         assert_eq!(orders(&db).await, [("o-1".to_string(), 7)]);
     });
@@ -156,7 +168,7 @@ fn consume_runs_each_message_once() {
         let db = &under.db;
         orders_table(db).await;
         let deliver = async || {
-            db.consume("ledger", "msg-1", |tx: &mut idemdb::PgTx<'_>| {
+            db.consume("ledger", "msg-1", |tx: &mut idemdb_postgres::PgTx<'_>| {
                 Box::pin(async move {
                     tx.execute("INSERT INTO orders VALUES ('m-1', 50)", &[])
                         .await?;
@@ -193,7 +205,7 @@ fn a_deadlock_between_two_closures_is_retried_inside_and_each_commits_once() {
                     &Scope::new("transfer", "u"),
                     &Key::new(key),
                     b"req",
-                    |tx: &mut idemdb::PgTx<'_>| {
+                    |tx: &mut idemdb_postgres::PgTx<'_>| {
                         mine += 1;
                         attempts.fetch_add(1, Ordering::SeqCst);
                         let meet = (mine == 1).then(|| Arc::clone(&barrier));
@@ -244,7 +256,7 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
         // The failed insert aborts the transaction; a bare COMMIT would roll it back and
         // report success. The store's own write after the closure fails instead.
         let result = db
-            .complete_with(&r, b"201".to_vec(), |tx: &mut idemdb::PgTx<'_>| {
+            .complete_with(&r, b"201".to_vec(), |tx: &mut idemdb_postgres::PgTx<'_>| {
                 Box::pin(async move {
                     let _ = tx
                         .execute("INSERT INTO orders VALUES ('o-1', 'NaN-ish')", &[])
@@ -254,7 +266,10 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
             })
             .await;
         assert!(
-            matches!(result, Err(ExecuteError::Db(idemdb::PgError::Database(_)))),
+            matches!(
+                result,
+                Err(ExecuteError::Db(idemdb_postgres::PgError::Database(_)))
+            ),
             "{result:?}"
         );
         let rec = db.get(&scope, &key).await.unwrap().unwrap();
@@ -267,7 +282,7 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
         // The same for execute: neither the row nor the record.
         let k2 = Key::new("k2");
         let result = db
-            .execute(&scope, &k2, b"req", |tx: &mut idemdb::PgTx<'_>| {
+            .execute(&scope, &k2, b"req", |tx: &mut idemdb_postgres::PgTx<'_>| {
                 Box::pin(async move {
                     let _ = tx
                         .execute("INSERT INTO orders VALUES ('o-2', 'NaN-ish')", &[])
@@ -277,7 +292,10 @@ fn a_closure_that_swallows_a_failed_statement_commits_nothing() {
             })
             .await;
         assert!(
-            matches!(result, Err(ExecuteError::Db(idemdb::PgError::Database(_)))),
+            matches!(
+                result,
+                Err(ExecuteError::Db(idemdb_postgres::PgError::Database(_)))
+            ),
             "{result:?}"
         );
         assert_eq!(db.get(&scope, &k2).await.unwrap(), None);

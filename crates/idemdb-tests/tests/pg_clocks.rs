@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::stores::{Skewed, admin, fresh_database_url, runtime};
 use common::{T0, acquired};
-use idemdb::{
+use idemdb_postgres::{
     Clock, Key, PgStore, RecordState, ReserveOutcome, Retention, Scope, Store, SystemClock,
 };
 use idemdb_testkit::postgres::ServerClock;
@@ -181,7 +181,7 @@ fn leases_and_partitions_end_by_the_server_s_clock_whatever_the_instances_say() 
         assert_eq!(on_b.lease_expires_at(), T0 + 60_000);
         assert!(matches!(
             a.complete(&on_a, b"late".to_vec()).await,
-            Err(idemdb::PgError::Fenced { .. })
+            Err(idemdb_postgres::PgError::Fenced { .. })
         ));
         b.complete(&on_b, b"B".to_vec()).await.unwrap();
         // Past the TTL by the server's clock, B (a day behind) drops the partition, and the

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, acquired};
-use idemdb::{
+use idemdb_postgres::{
     ExecuteError, ExecuteOutcome, Key, Outcome, PgError, PgStore, PgTx, RecordState, Retention,
     Scope, Store,
 };
@@ -214,7 +214,7 @@ fn count(data: &[u8], pattern: &[u8]) -> usize {
 }
 
 fn port_of(url: &str) -> u16 {
-    let config: idemdb::tokio_postgres::Config = url.parse().unwrap();
+    let config: idemdb_postgres::tokio_postgres::Config = url.parse().unwrap();
     config.get_ports()[0]
 }
 
@@ -253,11 +253,13 @@ fn scope() -> Scope {
 async fn execute(
     store: &PgStore,
     key: &Key,
-) -> Result<ExecuteOutcome, ExecuteError<idemdb::tokio_postgres::Error, PgError>> {
+) -> Result<ExecuteOutcome, ExecuteError<idemdb_postgres::tokio_postgres::Error, PgError>> {
     store
         .execute(&scope(), key, b"req", |_tx: &mut PgTx<'_>| {
             Box::pin(async move {
-                Ok::<_, idemdb::tokio_postgres::Error>(Outcome::Completed(b"done".to_vec()))
+                Ok::<_, idemdb_postgres::tokio_postgres::Error>(Outcome::Completed(
+                    b"done".to_vec(),
+                ))
             })
         })
         .await

@@ -7,7 +7,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use common::stores::{admin, fresh_database_url, runtime};
-use idemdb::{Key, PgError, PgStore, Scope, Store};
+use idemdb_postgres::{Key, PgError, PgStore, Scope, Store};
 
 #[test]
 fn a_database_error_shows_the_server_s_sqlstate_message_and_detail() {

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use common::stores::{Under, accounts, accounts_table, postgres, postgres_with, runtime};
 
-use idemdb::tokio_postgres;
-use idemdb::{Consumed, ExecuteError, PgError, PgFuture, PgStore, PgTx, Retention, pg_handler};
+use idemdb_postgres::tokio_postgres;
+use idemdb_postgres::{
+    Consumed, ExecuteError, PgError, PgFuture, PgStore, PgTx, Retention, pg_handler,
+};
 
 type Answers = Vec<Result<Consumed, ExecuteError<String, PgError>>>;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::stores::{fresh_database_url, runtime};
 use common::{LEASE, T0, acquired};
-use idemdb::{ExecuteError, Key, PgError, PgStore, ReserveOutcome, Scope, Store};
+use idemdb_postgres::{ExecuteError, Key, PgError, PgStore, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::ServerClock;
 
 /// An instance on `url`: the schema migrated (by whichever instance comes first).
@@ -63,13 +63,17 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
         // complete_with refuses before its closure runs.
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let with = a
-            .complete_with(&on_a, b"A".to_vec(), |_tx: &mut idemdb::PgTx<'_>| {
-                let ran = Arc::clone(&ran);
-                Box::pin(async move {
-                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
-                    Ok::<_, PgError>(())
-                })
-            })
+            .complete_with(
+                &on_a,
+                b"A".to_vec(),
+                |_tx: &mut idemdb_postgres::PgTx<'_>| {
+                    let ran = Arc::clone(&ran);
+                    Box::pin(async move {
+                        ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                        Ok::<_, PgError>(())
+                    })
+                },
+            )
             .await;
         assert!(
             matches!(with, Err(ExecuteError::Db(ref e)) if fenced(e)),

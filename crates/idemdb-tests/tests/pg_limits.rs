@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::acquired;
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{
+use idemdb_postgres::{
     InputError, Key, Limits, Outcome, PgError, PgStore, PgTx, ReserveOutcome, Scope, Store,
 };
 

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::chaos::ChaosProxy;
 use common::stores::{Skewed, runtime};
-use idemdb::{FencingToken, Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store};
+use idemdb_postgres::{
+    FencingToken, Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store,
+};
 use idemdb_testkit::postgres::TestServer;
 use parking_lot::Mutex;
 

@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::stores::{SCRIPT_WRITES, embedded, postgres, postgres_with, runtime, script};
 use common::{LEASE, acquired};
-use idemdb::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope, Store};
+use idemdb_postgres::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope, Store};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 /// The global recorder's snapshotter, and the right to read it alone.
@@ -246,7 +246,7 @@ fn a_poll_is_one_commit_whose_batch_is_the_messages_it_executed() {
         let db = &*under.db;
         let poll = |ids: &'static [&'static str]| {
             ids.iter().map(|id| {
-                let handler = idemdb::pg_handler(|_tx: &mut PgTx<'_>| {
+                let handler = idemdb_postgres::pg_handler(|_tx: &mut PgTx<'_>| {
                     Box::pin(async { Ok::<_, PgError>(()) })
                 });
                 (*id, handler)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::stores::{Under, postgres_with, runtime};
 use common::{LEASE, acquired};
-use idemdb::{BeyondHorizonPolicy, Key, PgStore, ReserveOutcome, Retention, Scope, Store};
+use idemdb_postgres::{BeyondHorizonPolicy, Key, PgStore, ReserveOutcome, Retention, Scope, Store};
 
 const TTL: Duration = Duration::from_secs(600);
 const WIDTH: Duration = Duration::from_secs(60);
@@ -149,7 +149,7 @@ fn an_owner_whose_record_expired_is_told_it_is_unknown() {
         clock.advance(LEASE + TTL);
         assert!(matches!(
             db.complete(&r, b"late".to_vec()).await,
-            Err(idemdb::PgError::UnknownRecord)
+            Err(idemdb_postgres::PgError::UnknownRecord)
         ));
     });
 }

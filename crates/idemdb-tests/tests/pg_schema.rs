@@ -4,7 +4,7 @@
 mod common;
 
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{PgError, PgStore};
+use idemdb_postgres::{PgError, PgStore};
 
 /// The schema version this build writes.
 const SCHEMA: u32 = 3;
@@ -66,7 +66,7 @@ fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
 }
 
 /// A fresh database migrated by this build, then altered by `sql`.
-async fn migrated_then(sql: &str) -> (String, idemdb::PgStoreBuilder) {
+async fn migrated_then(sql: &str) -> (String, idemdb_postgres::PgStoreBuilder) {
     let url = fresh_database_url();
     let builder = PgStore::builder(&url).unwrap();
     builder.migrate().await.unwrap();

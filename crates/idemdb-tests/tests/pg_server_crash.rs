@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::stores::runtime;
-use idemdb::{Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store};
+use idemdb_postgres::{Key, PgError, PgStore, RecordState, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::TestServer;
 use parking_lot::Mutex;
 
@@ -110,7 +110,7 @@ fn acknowledged_outcomes_survive_a_server_crash_and_no_key_is_acquired_twice() {
 
         // SIGKILL one backend of this database: the postmaster treats it as a crash.
         let (admin, connection) =
-            idemdb::tokio_postgres::connect(&url, idemdb::tokio_postgres::NoTls)
+            idemdb_postgres::tokio_postgres::connect(&url, idemdb_postgres::tokio_postgres::NoTls)
                 .await
                 .unwrap();
         let driver = tokio::spawn(connection);

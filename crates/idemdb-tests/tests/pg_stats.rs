@@ -3,7 +3,7 @@
 mod common;
 
 use common::stores::{postgres_with, runtime, script};
-use idemdb::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope};
+use idemdb_postgres::{ExecuteOutcome, Key, Outcome, PgError, PgTx, Retention, Scope};
 
 #[test]
 fn every_answer_is_counted_once() {

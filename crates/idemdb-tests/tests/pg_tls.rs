@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::stores::{fresh_database_url, runtime};
-use idemdb::{Key, PgError, PgStore, ReserveOutcome, Scope, Store};
+use idemdb_postgres::{Key, PgError, PgStore, ReserveOutcome, Scope, Store};
 use idemdb_testkit::postgres::TestServer;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
@@ -47,7 +47,7 @@ fn with(url: &str, host: &str, query: &str) -> String {
 }
 
 /// Migrates, connects and runs one reservation; whether the store's connection is TLS.
-async fn use_store(builder: idemdb::PgStoreBuilder) -> Result<bool, PgError> {
+async fn use_store(builder: idemdb_postgres::PgStoreBuilder) -> Result<bool, PgError> {
     builder.migrate().await?;
     let store = builder.connect().await?;
     let outcome = store

@@ -1,5 +1,5 @@
 //! The example edge service over PostgreSQL, end to end: two service processes on one fresh
-//! database (`idemdb::PgStore`), each purchase's duplicates and retries sent to both in turn,
+//! database (`idemdb_postgres::PgStore`), each purchase's duplicates and retries sent to both in turn,
 //! instance A SIGKILLed mid-run while it is charging and not restarted. Charges made at the
 //! provider, purchases acknowledged and orders stored in PostgreSQL must all equal the number
 //! of intents, each order with a charge of its own, and instance B must have taken over A's

@@ -1,4 +1,4 @@
-//! The PostgreSQL store (`idemdb::PgStore`) against the table a user would write by hand on
+//! The PostgreSQL store (`idemdb_postgres::PgStore`) against the table a user would write by hand on
 //! the same server (`table.rs`, issue 22) and the embedded engine (`IdemDb`), in one run.
 //!
 //! All three are driven the same way: callers are OS threads, each driving the async

@@ -276,7 +276,7 @@ fn embedded_stats(subject: &Subject) -> Option<(u64, u64)> {
 }
 
 /// Adds `n` copies, under new keys, of one record of the partition holding `expires_at`.
-fn copy_rows(rt: &Handle, store: &Arc<idemdb::PgStore>, expires_at: u64, n: u64) {
+fn copy_rows(rt: &Handle, store: &Arc<idemdb_postgres::PgStore>, expires_at: u64, n: u64) {
     rt.block_on(async {
         let client = store.pool().get().await.expect("pool");
         let copied = client
@@ -298,7 +298,7 @@ fn copy_rows(rt: &Handle, store: &Arc<idemdb::PgStore>, expires_at: u64, n: u64)
 }
 
 /// How many of `names` still exist as tables.
-fn existing_tables(rt: &Handle, store: &Arc<idemdb::PgStore>, names: &[String]) -> i64 {
+fn existing_tables(rt: &Handle, store: &Arc<idemdb_postgres::PgStore>, names: &[String]) -> i64 {
     rt.block_on(async {
         let client = store.pool().get().await.expect("pool");
         client

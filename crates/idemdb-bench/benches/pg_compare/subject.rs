@@ -6,9 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idemdb::{
-    Clock as _, IdemDb, Key, ManualClock, PgStore, ReserveOutcome, Retention, Scope, Store,
-};
+use idemdb::{Clock as _, IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope, Store};
+use idemdb_postgres::PgStore;
 use idemdb_testkit::postgres::{ServerClock, TestServer};
 use tempfile::TempDir;
 use tokio::runtime::Handle;

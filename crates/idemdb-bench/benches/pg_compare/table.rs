@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use idemdb::tokio_postgres::{self, Client, NoTls, Statement};
+use idemdb_postgres::tokio_postgres::{self, Client, NoTls, Statement};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 

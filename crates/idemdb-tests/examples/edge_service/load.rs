@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idemdb::tokio_postgres;
+use idemdb_postgres::tokio_postgres;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! With `--postgres URL` or `--instances N` (N >= 2) the load driver runs N service processes
-//! on one PostgreSQL database (`idemdb::PgStore`), sends each purchase's duplicates and
+//! on one PostgreSQL database (`idemdb_postgres::PgStore`), sends each purchase's duplicates and
 //! retries to them in turn, and SIGKILLs the first one mid-run; the others take over its
 //! reservations once their lease runs out. Without a URL it starts a throwaway PostgreSQL
 //! (`idemdb_testkit::postgres::TestServer`: `$IDEMDB_TEST_PG`, or `initdb` from the machine's

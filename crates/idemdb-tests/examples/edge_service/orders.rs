@@ -6,9 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idemdb::redb::{ReadableTableMetadata, TableDefinition, TableError};
-use idemdb::{
-    Error, ExecuteError, IdemDb, PgError, PgStore, PgTx, Reservation, Store, tokio_postgres,
-};
+use idemdb::{Error, ExecuteError, IdemDb, Reservation, Store};
+use idemdb_postgres::{PgError, PgStore, PgTx, tokio_postgres};
 
 use crate::BoxError;
 

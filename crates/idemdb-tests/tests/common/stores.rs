@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemdb::{
-    Clock, IdemDb, Key, ManualClock, PgStore, Refusal, ReserveOutcome, Retention, Scope, Store,
-    StoreError,
+    Clock, IdemDb, Key, ManualClock, Refusal, ReserveOutcome, Retention, Scope, Store, StoreError,
 };
+use idemdb_postgres::PgStore;
 use idemdb_testkit::postgres::{ServerClock, TestServer};
 use tempfile::TempDir;
 
@@ -116,10 +116,11 @@ pub fn fresh_database_url() -> String {
 
 /// A connection of the test's own to `url` (an operator's or another program's), its
 /// driver on the current runtime.
-pub async fn admin(url: &str) -> idemdb::tokio_postgres::Client {
-    let (client, connection) = idemdb::tokio_postgres::connect(url, idemdb::tokio_postgres::NoTls)
-        .await
-        .unwrap();
+pub async fn admin(url: &str) -> idemdb_postgres::tokio_postgres::Client {
+    let (client, connection) =
+        idemdb_postgres::tokio_postgres::connect(url, idemdb_postgres::tokio_postgres::NoTls)
+            .await
+            .unwrap();
     tokio::spawn(connection);
     client
 }

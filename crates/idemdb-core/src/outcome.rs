@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::token::Reservation;
 
-/// What [`IdemDb::reserve`](crate::IdemDb::reserve) found, checked in this order.
+/// What a reservation found, checked in this order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum ReserveOutcome {
@@ -51,7 +51,7 @@ impl Outcome {
     }
 }
 
-/// What [`IdemDb::execute`](crate::IdemDb::execute) did.
+/// What a one-shot `execute` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum ExecuteOutcome {

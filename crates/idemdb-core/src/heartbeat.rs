@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::error::Error;
 use crate::error::StoreError;
 use crate::store::Store;
 use crate::token::Reservation;
@@ -42,7 +41,7 @@ use crate::token::Reservation;
 /// ```
 ///
 /// A `PgStore` renews on the tokio runtime it was connected on; the guard waits on a thread.
-pub struct Heartbeat<E: StoreError = Error> {
+pub struct Heartbeat<E: StoreError> {
     stop: Arc<Stop>,
     thread: Option<JoinHandle<Option<E>>>,
 }

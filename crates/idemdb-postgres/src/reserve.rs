@@ -16,15 +16,15 @@ use super::rows::{
 };
 use super::sql::{clock, key_is_params, span};
 use super::store::Inner;
-use crate::decide::{Decision, decide};
-use crate::fingerprint::{Fingerprint, Payload};
-use crate::ops::lease_ms;
-use crate::outcome::ReserveOutcome;
-use crate::postgres::error::PgError;
-use crate::record::Record;
-use crate::retention::BeyondHorizonPolicy;
-use crate::scope::{Key, RecordKey, Scope};
-use crate::token::{FencingToken, Reservation};
+use crate::error::PgError;
+use idemdb_core::Record;
+use idemdb_core::clock::lease_ms;
+use idemdb_core::decide::{Decision, decide};
+use idemdb_core::fingerprint::{Fingerprint, Payload};
+use idemdb_core::outcome::ReserveOutcome;
+use idemdb_core::retention::BeyondHorizonPolicy;
+use idemdb_core::scope::{Key, RecordKey, Scope};
+use idemdb_core::token::{FencingToken, Grant, Reservation};
 use tokio_postgres::types::ToSql;
 
 type Reserved = Result<ReserveOutcome, PgError>;
@@ -311,7 +311,7 @@ impl Inner {
             .try_get::<_, Option<i16>>(0)
             .map_err(Step::before_commit)?
             .is_some();
-        Ok(Some(ReserveOutcome::Acquired(Reservation {
+        Ok(Some(ReserveOutcome::Acquired(Reservation::issue(Grant {
             database_id: self.database_id,
             record_key: request.key.clone(),
             token: token_from(token)?,
@@ -319,7 +319,7 @@ impl Inner {
             attempt: 1,
             takeover: false,
             beyond_horizon: beyond,
-        })))
+        }))))
     }
 
     /// Takes over `prev` (an IN_PROGRESS record whose lease ran out): one guarded update,
@@ -364,7 +364,7 @@ impl Inner {
         let token = token_of(&row)?;
         let lease_end: i64 = row.try_get(1).map_err(database)?;
         let attempts: i32 = row.try_get(2).map_err(database)?;
-        Ok(Some(ReserveOutcome::Acquired(Reservation {
+        Ok(Some(ReserveOutcome::Acquired(Reservation::issue(Grant {
             database_id: self.database_id,
             record_key: request.key.clone(),
             token,
@@ -372,7 +372,7 @@ impl Inner {
             attempt: u32::try_from(attempts).unwrap_or(u32::MAX),
             takeover: true,
             beyond_horizon: false,
-        })))
+        }))))
     }
 }
 

@@ -5,9 +5,9 @@ use tokio_postgres::error::SqlState;
 
 use super::errors::{database, is_retryable};
 use super::sql::key_hash;
-use crate::fingerprint::{Fingerprinter, SECRET_LEN};
-use crate::meta::database_id;
-use crate::postgres::error::PgError;
+use crate::error::PgError;
+use idemdb_core::fingerprint::database_id;
+use idemdb_core::fingerprint::{Fingerprinter, SECRET_LEN};
 
 /// The newest schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: i32 = 3;
@@ -121,7 +121,9 @@ $fn$;
 /// returns the version now in place. Refuses a database of a newer build.
 pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, PgError> {
     // Made once: the first instance's wins. The database's identity derives from it.
-    let secret = Fingerprinter::random_secret()?.to_vec();
+    let secret = Fingerprinter::random_secret()
+        .map_err(|e| PgError::Internal(format!("no entropy for the fingerprint secret: {e}")))?
+        .to_vec();
     let mut attempts = 0;
     loop {
         match migrate_once(client, &secret).await {

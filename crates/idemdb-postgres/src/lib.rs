@@ -1,7 +1,11 @@
-//! The store over PostgreSQL (feature `postgres`): the same semantics as the embedded engine
-//! (the same `decide` and `check_owner`, docs/semantics.md), for services whose instances
-//! share one database.
+//! # idemdb-postgres
 //!
+//! idemdb's semantics over PostgreSQL: the same `decide` and `check_owner` as the embedded
+//! engine (both from idemdb-core; docs/semantics.md), for services whose instances share one
+//! database. [`PgStore`] implements [`Store`], so the HTTP layer (crate `idemdb-http`),
+//! [`Typed`] and [`Heartbeat`] run over it unchanged.
+//!
+//! Layout:
 //! - builder.rs: `PgStoreBuilder` (`migrate`, `connect`); store.rs: `PgStore`, its shared
 //!   state and the `Store` impl;
 //! - reserve.rs: `reserve`, `reserve_or_wait`, `get`;
@@ -15,6 +19,9 @@
 //! - partitions.rs: time partitions and the compactor; wait.rs: LISTEN/NOTIFY;
 //! - tls.rs: `sslmode` on rustls;
 //! - errors.rs: refused, retried or outcome unknown, in the server's words.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod builder;
 mod error;
@@ -40,3 +47,13 @@ pub use inbox::pg_handler;
 pub use partitions::PgCompaction;
 pub use stats::PgStats;
 pub use store::PgStore;
+
+/// The tokio-postgres version the store is built on, for closures' statements.
+pub use tokio_postgres;
+
+pub use idemdb_core::{
+    BeyondHorizonPolicy, Clock, Consumed, ExecuteError, ExecuteOutcome, FencingToken, Fingerprint,
+    Heartbeat, InputError, Key, Limits, ManualClock, Outcome, Payload, Record, RecordState,
+    Refusal, Reservation, ReserveOutcome, Retention, SagaStep, Scope, Store, StoreError,
+    SystemClock, Typed, TypedOutcome,
+};

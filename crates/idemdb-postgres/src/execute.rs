@@ -25,15 +25,15 @@ use super::sql::{clock, key_is_params, span};
 use super::stats::Owned;
 use super::store::{Inner, PgStore};
 use super::wait::{CHANNEL, payload};
-use crate::decide::{Decision, check_owner, decide};
-use crate::error::ExecuteError;
-use crate::fingerprint::{Fingerprint, Payload};
-use crate::outcome::{ExecuteOutcome, Outcome};
-use crate::postgres::error::PgError;
-use crate::record::RecordState;
-use crate::retention::BeyondHorizonPolicy;
-use crate::scope::{Key, RecordKey, Scope};
-use crate::token::Reservation;
+use crate::error::PgError;
+use idemdb_core::RecordState;
+use idemdb_core::decide::{Decision, check_owner, decide};
+use idemdb_core::error::ExecuteError;
+use idemdb_core::fingerprint::{Fingerprint, Payload};
+use idemdb_core::outcome::{ExecuteOutcome, Outcome};
+use idemdb_core::retention::BeyondHorizonPolicy;
+use idemdb_core::scope::{Key, RecordKey, Scope};
+use idemdb_core::token::Reservation;
 
 /// The transaction a closure of [`PgStore::execute`] or [`PgStore::complete_with`] writes
 /// through: it derefs to tokio-postgres's
@@ -174,7 +174,7 @@ pub(super) enum Ran<T, E> {
 impl PgStore {
     /// Runs `body` once per intent, its writes and the finished record in one PostgreSQL
     /// transaction; duplicates get the stored outcome. See
-    /// [`IdemDb::execute`](crate::IdemDb::execute) for the outcomes.
+    /// `idemdb::IdemDb::execute` for the outcomes.
     ///
     /// A duplicate that arrives while `body` runs waits for its commit (the key's lock
     /// stripe is held). `body` may run again after a serialization failure or deadlock.
@@ -545,7 +545,7 @@ impl Inner {
     {
         self.check_issuer(reservation)?;
         self.limits.check_response(&response)?;
-        let key = &reservation.record_key;
+        let key = reservation.record_key();
         let p = KeyParts::of(key)?;
         let ttl = self.rules.ttl_ms(key);
         let channel = CHANNEL.to_string();
@@ -562,7 +562,7 @@ impl Inner {
                     .map_err(Step::before_commit)?;
                 let txn = client.transaction().await.map_err(Step::before_commit)?;
                 // Owned, and locked: no takeover can slip in while the closure runs.
-                let token = token_value(reservation.token);
+                let token = token_value(reservation.token());
                 let owned = txn
                     .query_opt(
                         &prepared(&txn, OWNED).await?,
@@ -578,13 +578,13 @@ impl Inner {
                         )
                         .await
                         .map_err(Step::before_commit)?;
-                    check_owner(self.seen(Found::of(&look, 9)?).live, reservation.token)?;
+                    check_owner(self.seen(Found::of(&look, 9)?).live, reservation.token())?;
                     // Owned after all (it moved between the statements): run again.
                     return Err(moved());
                 };
                 let now: i64 = owned.try_get(0).map_err(Step::before_commit)?;
                 let now = stored_ms(now)?;
-                let mut tx = PgTx::new(&txn, now, reservation.beyond_horizon);
+                let mut tx = PgTx::new(&txn, now, reservation.is_beyond_horizon());
                 match body(&mut tx).await {
                     _ if tx.conflicted() => return Err(conflict()),
                     Ok(()) => {}

@@ -14,7 +14,7 @@ use tokio_postgres::AsyncMessage;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::scope::RecordKey;
+use idemdb_core::scope::RecordKey;
 
 /// The channel owners notify.
 pub(crate) const CHANNEL: &str = "idemdb_records";

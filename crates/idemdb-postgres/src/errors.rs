@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 
-use crate::postgres::error::PgError;
+use crate::error::PgError;
 
 /// How many times a transaction that lost a serialization conflict or a deadlock is run.
 pub(crate) const MAX_ATTEMPTS: u32 = 8;
@@ -210,8 +210,8 @@ impl From<idemdb_core::InputError> for Step {
 }
 
 /// A shared check's refusal (`check_owner`).
-impl From<crate::error::Error> for Step {
-    fn from(e: crate::error::Error) -> Step {
+impl From<idemdb_core::Refusal> for Step {
+    fn from(e: idemdb_core::Refusal) -> Step {
         Step::Fail(e.into())
     }
 }

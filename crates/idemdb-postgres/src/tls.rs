@@ -19,7 +19,7 @@ use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureSc
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::postgres::error::PgError;
+use crate::error::PgError;
 
 /// What `sslmode` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,11 +5,11 @@ use tokio_postgres::Row;
 
 use super::sql::{clock, key_is_params};
 
-use crate::fingerprint::Fingerprint;
-use crate::postgres::error::PgError;
-use crate::record::{Record, RecordState};
-use crate::scope::RecordKey;
-use crate::token::FencingToken;
+use crate::error::PgError;
+use idemdb_core::fingerprint::Fingerprint;
+use idemdb_core::scope::RecordKey;
+use idemdb_core::token::FencingToken;
+use idemdb_core::{Record, RecordState};
 
 /// A key's newest row (the live record if there is one: a new row always expires after every
 /// older row of its key, else the expired one still stored), and the store's time (column 9),

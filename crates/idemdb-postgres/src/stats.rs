@@ -2,7 +2,7 @@
 //! own calls; the database holds no counters), its commits, and its pool's state.
 //!
 //! Feature `metrics`: every count is also a `metrics` counter of the name the embedded
-//! engine gives the same answer (`crate::stats::Counter::metric_name`), each commit of a
+//! engine gives the same answer (`idemdb_core::counters::Counter::metric_name`), each commit of a
 //! record's write records the embedded engine's commit metrics, and the pool's state is
 //! four gauges, set after every counted call (its connection back in the pool), at every
 //! `stats()` and at every compactor tick.
@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::error::ExecuteError;
-use crate::outcome::{ExecuteOutcome, ReserveOutcome};
-use crate::postgres::error::PgError;
-use crate::stats::{COUNTERS, Counter, Histogram};
+use crate::error::PgError;
+use idemdb_core::counters::{COUNTERS, Counter, Histogram};
+use idemdb_core::error::ExecuteError;
+use idemdb_core::outcome::{ExecuteOutcome, ReserveOutcome};
 
 /// A snapshot of [`PgStore::stats`](crate::PgStore::stats): answers since connect, as the
 /// embedded engine's `Stats` counts them, and the connection pool now.
@@ -168,7 +168,7 @@ impl Counters {
     pub(crate) fn committed_batch(&self, took: Duration, writes: usize) {
         #[cfg(feature = "metrics")]
         {
-            use crate::stats::{COMMIT_BATCH_SIZE, COMMIT_LATENCY_SECONDS, COMMITS_TOTAL};
+            use idemdb_core::counters::{COMMIT_BATCH_SIZE, COMMIT_LATENCY_SECONDS, COMMITS_TOTAL};
             metrics::counter!(COMMITS_TOTAL).increment(1);
             metrics::histogram!(COMMIT_BATCH_SIZE).record(writes as f64);
             metrics::histogram!(COMMIT_LATENCY_SECONDS).record(took.as_secs_f64());

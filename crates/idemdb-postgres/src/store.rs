@@ -7,23 +7,23 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::clock::Clock;
-use crate::config::Limits;
-use crate::fingerprint::{Fingerprint, Fingerprinter, Payload};
-use crate::outcome::ReserveOutcome;
-use crate::postgres::error::PgError;
-use crate::postgres::errors::{self, database};
-use crate::postgres::partitions::{Partitions, PgCompaction};
-use crate::postgres::rows::Found;
-use crate::postgres::server_time::ServerTime;
-use crate::postgres::stats::{self, Owned, PgStats};
-use crate::postgres::wait::Waits;
-use crate::record::Record;
-use crate::retention::Retention;
-use crate::retention::settings::Rules;
-use crate::scope::{Key, Scope};
-use crate::store::Store;
-use crate::token::Reservation;
+use crate::error::PgError;
+use crate::errors::{self, database};
+use crate::partitions::{Partitions, PgCompaction};
+use crate::rows::Found;
+use crate::server_time::ServerTime;
+use crate::stats::{self, Owned, PgStats};
+use crate::wait::Waits;
+use idemdb_core::Limits;
+use idemdb_core::Record;
+use idemdb_core::Store;
+use idemdb_core::clock::Clock;
+use idemdb_core::fingerprint::{Fingerprint, Fingerprinter, Payload};
+use idemdb_core::outcome::ReserveOutcome;
+use idemdb_core::retention::Retention;
+use idemdb_core::retention::Rules;
+use idemdb_core::scope::{Key, Scope};
+use idemdb_core::token::Reservation;
 
 /// The idempotency store over PostgreSQL: many instances of a service share one database
 /// and get the embedded engine's semantics (docs/semantics.md; the rows that differ say so).
@@ -150,11 +150,13 @@ pub(super) fn record_fits(limits: &Limits) -> Result<(), PgError> {
     .iter()
     .fold(0usize, |sum, l| sum.saturating_add(*l));
     if len > MAX_RECORD_BYTES {
-        return Err(PgError::InvalidInput(crate::error::InputError::TooLong {
-            what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
-            len,
-            max: MAX_RECORD_BYTES,
-        }));
+        return Err(PgError::InvalidInput(
+            idemdb_core::error::InputError::TooLong {
+                what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
+                len,
+                max: MAX_RECORD_BYTES,
+            },
+        ));
     }
     Ok(())
 }
@@ -249,7 +251,7 @@ impl Store for PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> impl Future<Output = Result<(), PgError>> + Send {
-        let state = crate::record::RecordState::Completed;
+        let state = idemdb_core::RecordState::Completed;
         self.counted(
             self.inner.finish(reservation, state, response.into()),
             Owned::Finished,
@@ -261,7 +263,7 @@ impl Store for PgStore {
         reservation: &Reservation,
         response: impl Into<Vec<u8>>,
     ) -> impl Future<Output = Result<(), PgError>> + Send {
-        let state = crate::record::RecordState::Failed;
+        let state = idemdb_core::RecordState::Failed;
         self.counted(
             self.inner.finish(reservation, state, response.into()),
             Owned::Finished,
@@ -308,7 +310,7 @@ impl Store for PgStore {
                     (r, result)
                 }
             };
-            crate::renewal::renew(reservation, lease, extend, tokio::time::sleep).await
+            idemdb_core::renewal::renew(reservation, lease, extend, tokio::time::sleep).await
         }));
         async move {
             let mut task = task;
@@ -325,9 +327,17 @@ impl Store for PgStore {
         let inner = Arc::clone(&self.inner);
         handle.spawn(async move {
             if let Err(e) = inner.release(&reservation).await {
-                crate::observe::warn_detached_release(&e);
+                crate::store::warn_detached_release(&e);
             }
         });
         Ok(())
     }
+}
+
+/// A release from a `Drop` (a dropped request) failed: the key waits for its lease.
+pub(crate) fn warn_detached_release(error: &dyn std::fmt::Display) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "idemdb::postgres", %error, "key not released after a dropped request");
+    #[cfg(not(feature = "tracing"))]
+    let _ = error;
 }

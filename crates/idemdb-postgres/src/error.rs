@@ -5,9 +5,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, ExecuteError, InputError, Refusal, StoreError};
-use crate::fencing::FencingToken;
-use crate::state::RecordState;
+use idemdb_core::error::{ExecuteError, InputError, Refusal, StoreError};
+use idemdb_core::fencing::FencingToken;
+use idemdb_core::state::RecordState;
 
 /// An error of [`PgStore`](crate::PgStore). Cheap to clone.
 #[derive(Debug, Clone)]
@@ -142,48 +142,15 @@ impl From<Refusal> for PgError {
     }
 }
 
-/// The checks and decisions both stores share (input limits, `check_owner`, record
-/// encoding) answer with the embedded engine's [`Error`], only ever with a refusal, a
-/// corruption or a codec error; anything else would be a bug here.
-impl From<Error> for PgError {
-    fn from(e: Error) -> Self {
-        if let Some(refusal) = e.refusal() {
-            return refusal.into();
-        }
-        match e {
-            Error::Corrupted(why) => PgError::Corrupted(why),
-            Error::Codec(e) => PgError::Codec(e),
-            Error::UnsupportedFormat { found, supported } => {
-                PgError::UnsupportedFormat { found, supported }
-            }
-            Error::OutcomeUnknown(e) => PgError::OutcomeUnknown(e),
-            Error::Internal(why) => PgError::Internal(why),
-            other => PgError::Internal(format!("an embedded engine's error in PgStore: {other}")),
-        }
-    }
-}
-
 impl From<InputError> for PgError {
     fn from(e: InputError) -> Self {
         PgError::InvalidInput(e)
     }
 }
 
-impl<E> From<InputError> for ExecuteError<E, PgError> {
-    fn from(e: InputError) -> Self {
-        ExecuteError::Db(e.into())
-    }
-}
-
 impl<E> From<PgError> for ExecuteError<E, PgError> {
     fn from(e: PgError) -> Self {
         ExecuteError::Db(e)
-    }
-}
-
-impl<E> From<Error> for ExecuteError<E, PgError> {
-    fn from(e: Error) -> Self {
-        ExecuteError::Db(e.into())
     }
 }
 
@@ -209,7 +176,7 @@ mod tests {
         assert!(PgError::OutcomeUnknown(io()).is_transient());
         assert!(PgError::OutcomeUnknown(io()).is_outcome_unknown());
         assert!(!PgError::Database(io()).is_outcome_unknown());
-        let fenced = PgError::from(Error::Fenced {
+        let fenced = PgError::from(Refusal::Fenced {
             presented: FencingToken::new(1).unwrap(),
             current: FencingToken::new(2).unwrap(),
         });

@@ -1,6 +1,7 @@
 //! The renewal loop of a lease (docs/semantics.md §4): `extend` every third of the lease,
 //! sooner after a failure that may pass, until a renewal is refused. Below both forms that run
 //! it: [`Store::renew_lease`](crate::Store::renew_lease) and [`Heartbeat`](crate::Heartbeat).
+//! Each store's `renew_lease` runs [`renew`] with its own `extend` and timer.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,14 +11,14 @@ use crate::token::Reservation;
 
 /// How often a lease of `lease` is renewed: three times per lease, so that two renewals may
 /// fail (a connection lost, a slow commit) before it runs out.
-pub(crate) fn every(lease: Duration) -> Duration {
+pub fn every(lease: Duration) -> Duration {
     (lease / 3).max(Duration::from_millis(1))
 }
 
 /// Renews `reservation`'s lease every third of `lease` until a renewal is refused; returns
 /// that refusal (the lease is lost: taken over, released, finished or expired). `extend`
 /// renews (the reservation passed in and out), `sleep` waits.
-pub(crate) async fn renew<E, X, XF, S, SF>(
+pub async fn renew<E, X, XF, S, SF>(
     mut reservation: Reservation,
     lease: Duration,
     mut extend: X,
@@ -51,14 +52,51 @@ mod tests {
     use std::cell::RefCell;
     use std::future::{Future, ready};
     use std::pin::pin;
-    use std::sync::Arc;
     use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
     use super::*;
-    use crate::error::Error;
+    use crate::error::Refusal;
     use crate::fencing::FencingToken;
+    use crate::limits::Limits;
     use crate::scope::{Key, RecordKey, Scope};
+    use crate::token::Grant;
+
+    /// A store's error as the loop sees it: one that may pass, or a refusal.
+    #[derive(Debug, Clone)]
+    enum Failure {
+        Unconfirmed,
+        Refused(Refusal),
+    }
+
+    impl std::fmt::Display for Failure {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{self:?}")
+        }
+    }
+
+    impl std::error::Error for Failure {}
+
+    impl StoreError for Failure {
+        fn refusal(&self) -> Option<Refusal> {
+            match self {
+                Failure::Refused(r) => Some(r.clone()),
+                Failure::Unconfirmed => None,
+            }
+        }
+        fn is_outcome_unknown(&self) -> bool {
+            matches!(self, Failure::Unconfirmed)
+        }
+        fn is_transient(&self) -> bool {
+            matches!(self, Failure::Unconfirmed)
+        }
+        fn codec(_: serde_json::Error) -> Self {
+            Failure::Unconfirmed
+        }
+        fn internal(_: String) -> Self {
+            Failure::Unconfirmed
+        }
+    }
 
     fn run<F: Future>(future: F) -> F::Output {
         let mut cx = Context::from_waker(Waker::noop());
@@ -71,13 +109,9 @@ mod tests {
     }
 
     fn reservation() -> Reservation {
-        let key = RecordKey::encode(
-            &Scope::new("op", "p"),
-            &Key::new("k"),
-            &crate::config::Limits::default(),
-        )
-        .unwrap();
-        Reservation {
+        let key =
+            RecordKey::encode(&Scope::new("op", "p"), &Key::new("k"), &Limits::default()).unwrap();
+        Reservation::issue(Grant {
             database_id: 7,
             record_key: key,
             token: FencingToken::new(3).unwrap(),
@@ -85,7 +119,7 @@ mod tests {
             attempt: 1,
             takeover: false,
             beyond_horizon: false,
-        }
+        })
     }
 
     /// A renewal the store could not confirm (an unknown outcome, or for PostgreSQL a lost
@@ -93,20 +127,13 @@ mod tests {
     #[test]
     fn a_transient_failure_is_retried_sooner_and_a_refusal_ends_renewal() {
         let lease = Duration::from_secs(3);
-        let fenced = Error::Fenced {
+        let fenced = Failure::Refused(Refusal::Fenced {
             presented: FencingToken::new(3).unwrap(),
             current: FencingToken::new(4).unwrap(),
-        };
-        let answers = RefCell::new(vec![
-            Ok(()),
-            Err(Error::OutcomeUnknown(Arc::new(std::io::Error::other(
-                "cut",
-            )))),
-            Ok(()),
-            Err(fenced),
-        ]);
+        });
+        let answers = RefCell::new(vec![Ok(()), Err(Failure::Unconfirmed), Ok(()), Err(fenced)]);
         let slept = RefCell::new(Vec::new());
-        let lost: Error = run(renew(
+        let lost: Failure = run(renew(
             reservation(),
             lease,
             |r, _| ready((r, answers.borrow_mut().remove(0))),
@@ -115,7 +142,10 @@ mod tests {
                 ready(())
             },
         ));
-        assert!(matches!(lost, Error::Fenced { .. }), "{lost:?}");
+        assert!(
+            matches!(lost, Failure::Refused(Refusal::Fenced { .. })),
+            "{lost:?}"
+        );
         let beat = every(lease);
         assert_eq!(*slept.borrow(), vec![beat, beat, beat / 4, beat]);
     }

@@ -41,7 +41,7 @@ macro_rules! key_is_params {
     () => {
         concat!(
             "key_hash = ",
-            $crate::postgres::sql::key_hash!("$1::bytea", "$2::bytea", "$3::bytea"),
+            $crate::sql::key_hash!("$1::bytea", "$2::bytea", "$3::bytea"),
             " AND operation = $1 AND principal = $2 AND key = $3"
         )
     };

@@ -6,19 +6,19 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::clock::duration_ms;
-use crate::error::{Error, InputError};
-use crate::record::{Record, RecordState};
-use crate::retention::partition::PartitionName;
+use crate::error::InputError;
+use crate::record::Record;
 use crate::scope::RecordKey;
+use crate::state::RecordState;
 
-/// What [`reserve`](crate::IdemDb::reserve) and [`execute`](crate::IdemDb::execute) do with
+/// What a store's `reserve` and `execute` do with
 /// a key that comes back beyond its duplicate horizon: its record expired and is still stored,
 /// or was dropped and its key is still recognised (see [`Retention::horizon_factor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BeyondHorizonPolicy {
     /// Run it as new, but say so: [`Reservation::is_beyond_horizon`](crate::Reservation::is_beyond_horizon)
-    /// and [`Tx::is_beyond_horizon`](crate::Tx::is_beyond_horizon) are true and
+    /// and the closure transaction's `is_beyond_horizon` are true and
     /// `Stats::beyond_horizon` counts it.
     #[default]
     Flag,
@@ -27,7 +27,7 @@ pub enum BeyondHorizonPolicy {
     Refuse,
 }
 
-/// Retention settings; set them with [`Builder::retention`](crate::Builder::retention) or
+/// Retention settings; set them with the store's builder (`idemdb::Builder::retention`) or
 /// the shortcuts next to it.
 ///
 /// ```
@@ -58,7 +58,7 @@ pub struct Retention {
     /// What to do with a recognised key (default [`BeyondHorizonPolicy::Flag`]).
     pub beyond_horizon: BeyondHorizonPolicy,
     /// How often, in real time, the background compactor looks for due partitions (default
-    /// 60 s). `None`: no background thread; call [`IdemDb::compact_now`](crate::IdemDb::compact_now).
+    /// 60 s). `None`: no background thread; call the store's `compact_now`.
     pub compact_interval: Option<Duration>,
     operation_ttls: HashMap<Box<[u8]>, Duration>,
 }
@@ -122,18 +122,20 @@ impl Retention {
             .unwrap_or(self.default_ttl)
     }
 
-    pub(crate) fn validate(&self) -> Result<(), Error> {
+    /// Refuses a zero TTL or partition width (under a millisecond).
+    pub fn validate(&self) -> Result<(), InputError> {
         let ttls = std::iter::once(("ttl", self.default_ttl))
             .chain(self.operation_ttls.values().map(|t| ("operation ttl", *t)));
         for (what, d) in ttls.chain([("partition width", self.partition_width)]) {
             if duration_ms(d) == 0 {
-                return Err(Error::InvalidInput(InputError::Empty { what }));
+                return Err(InputError::Empty { what });
             }
         }
         Ok(())
     }
 
-    pub(crate) fn rules(&self) -> Rules {
+    /// The settings in milliseconds, as a store computes with them.
+    pub fn rules(&self) -> Rules {
         Rules {
             default_ttl_ms: duration_ms(self.default_ttl),
             width_ms: duration_ms(self.partition_width),
@@ -148,19 +150,23 @@ impl Retention {
     }
 }
 
-/// [`Retention`] in milliseconds, as the writer and the compactor use it.
+/// [`Retention`] in milliseconds, as a store's writer and compactor use it.
 #[derive(Debug, Clone)]
-pub(crate) struct Rules {
-    pub(crate) default_ttl_ms: u64,
-    pub(crate) width_ms: u64,
-    pub(crate) horizon_factor: u64,
-    pub(crate) policy: BeyondHorizonPolicy,
+pub struct Rules {
+    /// The TTL of operations without one of their own.
+    pub default_ttl_ms: u64,
+    /// The width of a time partition.
+    pub width_ms: u64,
+    /// How many TTLs a removed key stays recognised (0: not at all).
+    pub horizon_factor: u64,
+    /// What a key beyond its horizon gets.
+    pub policy: BeyondHorizonPolicy,
     operation_ttls: HashMap<Box<[u8]>, u64>,
 }
 
 impl Rules {
     /// The TTL of the record stored under `key`.
-    pub(crate) fn ttl_ms(&self, key: &RecordKey) -> u64 {
+    pub fn ttl_ms(&self, key: &RecordKey) -> u64 {
         if self.operation_ttls.is_empty() {
             return self.default_ttl_ms;
         }
@@ -169,57 +175,38 @@ impl Rules {
             .unwrap_or(self.default_ttl_ms)
     }
 
-    /// When `rec`, stored under a TTL of `ttl`, expires: a TTL after its lease ends while
-    /// IN_PROGRESS, a TTL after its last change once finished (saturating).
     /// Every TTL in use: the default and each operation's.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn ttls(&self) -> impl Iterator<Item = u64> + '_ {
+    pub fn ttls(&self) -> impl Iterator<Item = u64> + '_ {
         std::iter::once(self.default_ttl_ms).chain(self.operation_ttls.values().copied())
     }
 
-    pub(crate) fn expires_at(&self, rec: &Record, ttl: u64) -> u64 {
+    /// When `rec`, stored under a TTL of `ttl`, expires: a TTL after its lease ends while
+    /// IN_PROGRESS, a TTL after its last change once finished (saturating).
+    pub fn expires_at(&self, rec: &Record, ttl: u64) -> u64 {
         match rec.state {
             RecordState::InProgress => rec.lease_expires_at.saturating_add(ttl),
             RecordState::Completed | RecordState::Failed => rec.updated_at.saturating_add(ttl),
         }
     }
 
-    /// The partition a finished record last changed at `updated_at` with TTL `ttl` belongs
-    /// to: the one of its own window.
-    pub(crate) fn partition_for(&self, updated_at: u64, ttl: u64) -> PartitionName {
-        let width = self.width_ms.max(1);
-        PartitionName {
-            start: updated_at - updated_at % width,
-            width,
-            ttl,
-        }
-    }
-
-    /// Until when the keys of a dropped partition are recognised: its window's end +
-    /// factor × TTL.
-    pub(crate) fn partition_horizon(&self, part: &PartitionName) -> u64 {
-        part.start
-            .saturating_add(part.width)
-            .saturating_add(self.horizon_ms(part.ttl))
-    }
-
     /// Until when the key of a swept abandoned IN_PROGRESS record is recognised: its own
     /// lease end + factor × TTL.
-    pub(crate) fn swept_horizon(&self, rec: &Record, ttl: u64) -> u64 {
+    pub fn swept_horizon(&self, rec: &Record, ttl: u64) -> u64 {
         rec.lease_expires_at.saturating_add(self.horizon_ms(ttl))
     }
 
     /// Whether a key removed at `now` with horizon `until` is kept for recognition.
-    pub(crate) fn keeps(&self, until: u64, now: u64) -> bool {
+    pub fn keeps(&self, until: u64, now: u64) -> bool {
         self.recognition() && now < until
     }
 
     /// Whether removed keys are recognised at all (`horizon_factor > 0`).
-    pub(crate) fn recognition(&self) -> bool {
+    pub fn recognition(&self) -> bool {
         self.horizon_factor > 0
     }
 
-    fn horizon_ms(&self, ttl_ms: u64) -> u64 {
+    /// How long a key removed under a TTL of `ttl_ms` stays recognised: factor × TTL.
+    pub fn horizon_ms(&self, ttl_ms: u64) -> u64 {
         ttl_ms.saturating_mul(self.horizon_factor)
     }
 }
@@ -227,7 +214,7 @@ impl Rules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Limits;
+    use crate::limits::Limits;
     use crate::scope::{Key, Scope};
 
     #[test]

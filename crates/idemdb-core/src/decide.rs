@@ -1,17 +1,19 @@
 //! Decisions, separate from the work: what a reservation or an owner's call does, given the
-//! record found. Used by the lock-free read path and by the writer alike.
+//! record found: the rows of docs/semantics.md, written once for every store (the embedded
+//! engine's read path and writer, and PostgreSQL's transactions).
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::Refusal;
 use crate::fingerprint::Fingerprint;
 use crate::outcome::{ExecuteOutcome, ReserveOutcome};
-use crate::record::{Record, RecordState};
+use crate::record::Record;
+use crate::state::RecordState;
 use crate::token::FencingToken;
 
 /// What a reservation does with the record it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// No live record: create one.
     Acquire,
     /// An IN_PROGRESS record whose lease ran out: take it over with a new token.
@@ -22,12 +24,16 @@ pub(crate) enum Decision {
 
 /// The answer a duplicate gets, written once and converted into each public outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Replay {
+pub enum Replay {
+    /// Another payload under this key.
     Mismatch,
+    /// The stored success.
     Completed(Vec<u8>),
+    /// The stored deterministic failure.
     Failed(Vec<u8>),
     /// A live lease, with what is left of it.
     InProgress {
+        /// Time left on the owner's lease.
         retry_after: Duration,
     },
 }
@@ -55,7 +61,7 @@ impl From<Replay> for ExecuteOutcome {
 }
 
 /// Rows of the outcome table in docs/semantics.md, checked top to bottom.
-pub(crate) fn decide(existing: Option<Record>, fp: Fingerprint, now_ms: u64) -> Decision {
+pub fn decide(existing: Option<Record>, fp: Fingerprint, now_ms: u64) -> Decision {
     let Some(rec) = existing else {
         return Decision::Acquire;
     };
@@ -77,21 +83,21 @@ pub(crate) fn decide(existing: Option<Record>, fp: Fingerprint, now_ms: u64) -> 
 /// A token that is not the record's current one is fenced when the record's is newer; a token
 /// newer than the record's cannot belong to this record at all (it was released and the token
 /// came from elsewhere), so the record is unknown to it.
-pub(crate) fn check_owner(existing: Option<Record>, token: FencingToken) -> Result<Record, Error> {
+pub fn check_owner(existing: Option<Record>, token: FencingToken) -> Result<Record, Refusal> {
     let Some(rec) = existing else {
-        return Err(Error::UnknownRecord);
+        return Err(Refusal::UnknownRecord);
     };
     if rec.token > token {
-        return Err(Error::Fenced {
+        return Err(Refusal::Fenced {
             presented: token,
             current: rec.token,
         });
     }
     if rec.token < token {
-        return Err(Error::UnknownRecord);
+        return Err(Refusal::UnknownRecord);
     }
     if rec.state != RecordState::InProgress {
-        return Err(Error::NotInProgress { state: rec.state });
+        return Err(Refusal::NotInProgress { state: rec.state });
     }
     Ok(rec)
 }
@@ -99,7 +105,7 @@ pub(crate) fn check_owner(existing: Option<Record>, token: FencingToken) -> Resu
 /// The IN_PROGRESS record of a new owner: a fresh record, or the takeover of `previous`
 /// (whose creation time it keeps and whose attempts it counts on). Its `expires_at` is the
 /// store's to set.
-pub(crate) fn new_owner(
+pub fn new_owner(
     previous: Option<&Record>,
     fingerprint: Fingerprint,
     token: FencingToken,
@@ -182,16 +188,19 @@ mod tests {
         assert_eq!(check_owner(Some(ip.clone()), t(5)).unwrap(), ip);
         assert!(matches!(
             check_owner(Some(ip.clone()), t(4)),
-            Err(Error::Fenced { .. })
+            Err(Refusal::Fenced { .. })
         ));
         assert!(matches!(
             check_owner(Some(ip.clone()), t(6)),
-            Err(Error::UnknownRecord)
+            Err(Refusal::UnknownRecord)
         ));
-        assert!(matches!(check_owner(None, t(5)), Err(Error::UnknownRecord)));
+        assert!(matches!(
+            check_owner(None, t(5)),
+            Err(Refusal::UnknownRecord)
+        ));
         assert!(matches!(
             check_owner(Some(rec(RecordState::Completed, 1, 5, 0)), t(5)),
-            Err(Error::NotInProgress { .. })
+            Err(Refusal::NotInProgress { .. })
         ));
     }
 }

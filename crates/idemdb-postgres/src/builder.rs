@@ -3,18 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::config::Limits;
-use crate::postgres::error::PgError;
-use crate::postgres::errors::{self, database};
-use crate::postgres::partitions::Partitions;
-use crate::postgres::schema;
-use crate::postgres::server_time::ServerTime;
-use crate::postgres::stats;
-use crate::postgres::store::{Inner, PgStore, compactor, record_fits};
-use crate::postgres::tls;
-use crate::postgres::wait::{self, Waits};
-use crate::retention::Retention;
+use crate::error::PgError;
+use crate::errors::{self, database};
+use crate::partitions::Partitions;
+use crate::schema;
+use crate::server_time::ServerTime;
+use crate::stats;
+use crate::store::{Inner, PgStore, compactor, record_fits};
+use crate::tls;
+use crate::wait::{self, Waits};
+use idemdb_core::Limits;
+use idemdb_core::clock::{Clock, SystemClock};
+use idemdb_core::retention::Retention;
 
 /// Builds a [`PgStore`]: where the database is, and the settings shared with the embedded
 /// engine (retention, limits).

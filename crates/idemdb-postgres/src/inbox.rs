@@ -6,11 +6,11 @@ use super::errors::{Step, pool};
 use super::execute::{Done, Keyed, PgFuture, PgTx, Ran, conflict};
 use super::reserve::prepared;
 use super::store::{Inner, PgStore};
-use crate::error::ExecuteError;
-use crate::inbox::{Consumed, INBOX_PAYLOAD, consumed, names};
-use crate::outcome::{ExecuteOutcome, Outcome};
-use crate::postgres::error::PgError;
-use crate::scope::RecordKey;
+use crate::error::PgError;
+use idemdb_core::error::ExecuteError;
+use idemdb_core::inbox::{Consumed, INBOX_PAYLOAD, consumed, names};
+use idemdb_core::outcome::{ExecuteOutcome, Outcome};
+use idemdb_core::scope::RecordKey;
 
 /// A message of a poll: its key (or why it has none) and its handler as an `execute` closure.
 type Message<'k, B> = (Result<Keyed<'k>, PgError>, B);
@@ -43,7 +43,7 @@ where
 
 impl PgStore {
     /// Inbox dedupe: runs `handler` once per `message_id` of `consumer`, its writes
-    /// committing with the dedupe record. See [`IdemDb::consume`](crate::IdemDb::consume).
+    /// committing with the dedupe record. See `idemdb::IdemDb::consume`.
     pub async fn consume<F, E>(
         &self,
         consumer: &str,
@@ -67,7 +67,7 @@ impl PgStore {
     /// Answers are in the order given, and only after the commit; a message id that appears
     /// twice is `Processed` then `Duplicate`. A serialization failure or deadlock anywhere
     /// rolls back the whole poll and runs it again, every handler included, up to 8 times.
-    /// See [`IdemDb::consume_batch`](crate::IdemDb::consume_batch).
+    /// See `idemdb::IdemDb::consume_batch`.
     ///
     /// A message's own failure is its answer (an id over the limits, or a handler that
     /// swallowed a failed statement: `Err(Db(Database))`, its savepoint rolled back); so is a
@@ -137,7 +137,7 @@ impl PgStore {
     }
 
     /// Runs `body` in a transaction with no dedupe record and commits it: for writes that
-    /// are idempotent by construction (see [`IdemDb::run`](crate::IdemDb::run)).
+    /// are idempotent by construction (see `idemdb::IdemDb::run`).
     /// `Err(Closure(e))` rolls it back. Like [`execute`](Self::execute)'s, `body` runs again
     /// after a serialization failure or deadlock (up to 8 attempts), and one that swallowed
     /// a failed statement gets `Err(Db(Database))`, nothing committed. [`PgTx::now_ms`] is

@@ -11,11 +11,11 @@ use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, po
 use super::rows::{Found, KeyParts, newest, state_code, stored_ms, token_value};
 use super::sql::{clock, key_is_params, span};
 use super::wait::{CHANNEL, payload};
-use crate::decide::check_owner;
-use crate::ops::lease_ms;
-use crate::postgres::error::PgError;
-use crate::record::RecordState;
-use crate::token::Reservation;
+use crate::error::PgError;
+use idemdb_core::RecordState;
+use idemdb_core::clock::lease_ms;
+use idemdb_core::decide::check_owner;
+use idemdb_core::token::Reservation;
 
 /// Finishes a record (`$5` state, `$6` response, `$7` TTL); notifies at commit if a duplicate
 /// announced it waits (a notification takes a cluster-wide lock through the commit's flush:
@@ -67,7 +67,7 @@ enum OwnerOp<'a> {
 impl Inner {
     /// Refuses a reservation of another database.
     pub(crate) fn check_issuer(&self, reservation: &Reservation) -> Result<(), PgError> {
-        if reservation.database_id != self.database_id {
+        if reservation.database_id() != self.database_id {
             return Err(PgError::ForeignReservation);
         }
         Ok(())
@@ -102,14 +102,15 @@ impl Inner {
         let op = OwnerOp::Extend {
             lease_ms: lease_ms(lease)?,
         };
-        reservation.lease_expires_at = self.guarded(reservation, &op).await?;
+        let renewed = self.guarded(reservation, &op).await?;
+        reservation.renewed(renewed);
         Ok(())
     }
 
     /// Runs `op` with retries; when its guard matches nothing, the error `check_owner` gives
     /// for the record as it is now. The new lease end, for `Extend`.
     async fn guarded(&self, reservation: &Reservation, op: &OwnerOp<'_>) -> Result<u64, PgError> {
-        let p = KeyParts::of(&reservation.record_key)?;
+        let p = KeyParts::of(reservation.record_key())?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -119,7 +120,7 @@ impl Inner {
                 Ok(None) => {
                     let row = newest(&client, &p).await.map_err(database)?;
                     let live = self.seen(Found::of(&row, 9)?).live;
-                    match check_owner(live, reservation.token) {
+                    match check_owner(live, reservation.token()) {
                         Err(e) => return Err(e.into()),
                         // Owned after all: the record moved between the two statements.
                         Ok(_) if attempt < MAX_ATTEMPTS => self.counters.retried(),
@@ -152,9 +153,9 @@ impl Inner {
         p: &KeyParts<'_>,
         op: &OwnerOp<'_>,
     ) -> Result<Option<u64>, Step> {
-        let key = &reservation.record_key;
+        let key = reservation.record_key();
         let ttl = self.rules.ttl_ms(key);
-        let token = token_value(reservation.token);
+        let token = token_value(reservation.token());
         let (channel, hash) = (CHANNEL, payload(key));
         let (p1, p2, p3) = (&p.operation, &p.principal, &p.key);
         // Where the write will land, estimated: a missed partition is made when the write

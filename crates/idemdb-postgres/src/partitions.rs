@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 use super::errors::database;
 use super::rows::{ms, stored_ms};
 use super::sql::clock;
-use crate::postgres::error::PgError;
+use crate::error::PgError;
 
 /// What one compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

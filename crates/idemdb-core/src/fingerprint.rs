@@ -4,16 +4,14 @@ use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_128_with_secret;
 
-use crate::error::Error;
-
 /// Length of the per-database fingerprint secret, in bytes (xxh3's default secret size).
-pub(crate) const SECRET_LEN: usize = 192;
+pub const SECRET_LEN: usize = 192;
 
 /// A 128-bit fingerprint of a request's canonical bytes.
 ///
 /// Two requests with the same key are "the same request" exactly when their fingerprints are
-/// equal. Compute one with [`IdemDb::fingerprint`](crate::IdemDb::fingerprint), which keys xxh3
-/// with the database's secret, or bring your own 128-bit digest (for example of a canonical JSON
+/// equal. Compute one with a store's `fingerprint`, which keys xxh3 with the
+/// database's secret ([`Fingerprinter`]), or bring your own 128-bit digest (for example of a canonical JSON
 /// subset) with [`Fingerprint::from_u128`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint(u128);
@@ -87,36 +85,51 @@ impl From<Fingerprint> for Payload<'_> {
     }
 }
 
-/// Computes fingerprints with one database's secret.
+/// Computes fingerprints with one database's secret. Each store keeps one secret per database
+/// (drawn once by [`Fingerprinter::random_secret`], stored beside the records), so that a
+/// fingerprint cannot be forged or matched across databases.
 #[derive(Clone)]
-pub(crate) struct Fingerprinter {
+pub struct Fingerprinter {
     secret: Box<[u8; SECRET_LEN]>,
 }
 
 impl Fingerprinter {
-    pub(crate) fn new(secret: [u8; SECRET_LEN]) -> Self {
+    /// A fingerprinter keyed by `secret`.
+    pub fn new(secret: [u8; SECRET_LEN]) -> Self {
         Fingerprinter {
             secret: Box::new(secret),
         }
     }
 
-    /// A fresh random secret from the operating system.
-    pub(crate) fn random_secret() -> Result<[u8; SECRET_LEN], Error> {
+    /// A fresh random secret from the operating system; `Err` with the operating system's
+    /// words when it has no entropy to give.
+    pub fn random_secret() -> Result<[u8; SECRET_LEN], String> {
         let mut secret = [0u8; SECRET_LEN];
-        getrandom::fill(&mut secret).map_err(|e| Error::Entropy(e.to_string()))?;
+        getrandom::fill(&mut secret).map_err(|e| e.to_string())?;
         Ok(secret)
     }
 
-    pub(crate) fn fingerprint(&self, bytes: &[u8]) -> Fingerprint {
+    /// The fingerprint of `bytes`.
+    pub fn fingerprint(&self, bytes: &[u8]) -> Fingerprint {
         Fingerprint(xxh3_128_with_secret(bytes, &self.secret[..]))
     }
 
-    pub(crate) fn resolve(&self, payload: Payload<'_>) -> Fingerprint {
+    /// The fingerprint of a payload: computed from its bytes, or the one given.
+    pub fn resolve(&self, payload: Payload<'_>) -> Fingerprint {
         match payload {
             Payload::Bytes(bytes) => self.fingerprint(bytes),
             Payload::Fingerprint(fp) => fp,
         }
     }
+}
+
+/// The identity of the database whose fingerprint secret is `secret`: what a [`Reservation`]
+/// carries so that another database refuses it. Derived, so that it moves with the secret
+/// (a byte copy of a database keeps its identity).
+///
+/// [`Reservation`]: crate::Reservation
+pub fn database_id(secret: &[u8; SECRET_LEN]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0x6964_656d_6462_0002)
 }
 
 #[cfg(test)]
