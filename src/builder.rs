@@ -126,6 +126,19 @@ impl Builder {
         self
     }
 
+    /// Test support (feature `test-hooks`): start the committer thread only when it is first
+    /// needed (an async caller queues an op, or the log passes
+    /// [`checkpoint_bytes`](Self::checkpoint_bytes)) instead of at open (default off).
+    /// Until then no checkpoint is taken by age. A database used from one thread by sync
+    /// callers then opens and closes without starting a thread: a fuzz target's every run
+    /// saves the thread's start and the wake-ups of its shutdown.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn lazy_committer(mut self, on: bool) -> Self {
+        self.writer.lazy_committer = on;
+        self
+    }
+
     /// Registers a caller table that closures write through [`Tx::open_table`](crate::Tx):
     /// its writes are logged (key and value bytes), so a batch running caller code is durable
     /// with one log append instead of a durable redb commit. Opening a database whose log

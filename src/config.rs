@@ -24,6 +24,9 @@ pub(crate) struct WriterConfig {
     pub(crate) token_block: u64,
     /// The log's size at creation and the unit it grows by (design.md §5.6).
     pub(crate) log_step: u64,
+    /// The committer thread starts when first needed (an async caller, a checkpoint by size)
+    /// instead of at open (test hooks: [`Builder::lazy_committer`](crate::Builder)).
+    pub(crate) lazy_committer: bool,
 }
 
 /// Tokens reserved on disk at a time (by default): the meta entry `next_token` (meta.rs) is a ceiling
@@ -47,6 +50,7 @@ impl Default for WriterConfig {
             checkpoint_interval: std::time::Duration::from_secs(1),
             token_block: TOKEN_BLOCK,
             log_step: GROW_STEP,
+            lazy_committer: false,
         }
     }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
 
 use redb::{Database, ReadTransaction, ReadableDatabase};
 
@@ -60,7 +59,6 @@ pub struct IdemDb {
     pub(crate) engine: Arc<Engine>,
     pub(crate) writer: Arc<Writer>,
     pub(crate) fingerprinter: Fingerprinter,
-    committer: Option<JoinHandle<()>>,
     compactor: Option<Compactor>,
     /// Started by the first async wait that needs a deadline.
     timer: OnceLock<Timer>,
@@ -87,7 +85,7 @@ impl Drop for IdemDb {
             compactor.stop();
         }
         self.writer.shutdown();
-        if let Some(committer) = self.committer.take() {
+        if let Some(committer) = self.writer.take_committer() {
             // A panic there already poisoned the writer; nothing is left to answer.
             let _ = committer.join();
         }
@@ -134,23 +132,13 @@ impl IdemDb {
             Arc::new(layout),
             tables,
         ));
-        let writer = Arc::new(Writer::new(
+        let writer = Writer::start(
             Arc::clone(&engine),
             config,
             recovered.next_token,
             recovered.token_ceiling,
             log,
-        ));
-        let committer = {
-            let writer = Arc::clone(&writer);
-            std::thread::Builder::new()
-                .name("idemdb-committer".into())
-                .spawn(move || writer.run_committer())
-                .map_err(|e| Error::ThreadSpawn {
-                    thread: "committer",
-                    source: Arc::new(e),
-                })?
-        };
+        )?;
         let compactor = match retention.compact_interval {
             Some(interval) => Some(Compactor::start(
                 Arc::clone(&writer),
@@ -163,7 +151,6 @@ impl IdemDb {
             engine,
             writer,
             fingerprinter: meta.fingerprinter,
-            committer: Some(committer),
             compactor,
             timer: OnceLock::new(),
             retention,

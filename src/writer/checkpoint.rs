@@ -94,9 +94,14 @@ impl Writer {
         Ok(())
     }
 
-    /// Asks the committer thread for a checkpoint (the log passed `checkpoint_bytes`).
+    /// Asks the committer thread for a checkpoint (the log passed `checkpoint_bytes`). Had
+    /// it not started and cannot start, none is taken by size: a leader takes one once the
+    /// log holds twice as much (`checkpoint_if_far_behind`).
     pub(super) fn request_checkpoint(&self) {
         let mut queue = self.queue.lock();
+        if self.ensure_committer(&mut queue).is_err() {
+            return;
+        }
         if !std::mem::replace(&mut queue.checkpoint_requested, true) {
             self.committer.notify_one();
         }

@@ -27,6 +27,32 @@ impl Writer {
         }
     }
 
+    /// Starts the committer thread unless it runs already. Called with `queue` locked before
+    /// anything is queued for the thread, so it exists whenever work for it does.
+    pub(super) fn ensure_committer(&self, queue: &mut Queue) -> Result<(), Error> {
+        if queue.committer.is_some() {
+            return Ok(());
+        }
+        // None only while the writer is being dropped, when nothing is queued any more.
+        let Some(writer) = self.this.upgrade() else {
+            return Err(Error::Closed);
+        };
+        let thread = std::thread::Builder::new()
+            .name("idemdb-committer".into())
+            .spawn(move || writer.run_committer())
+            .map_err(|e| Error::ThreadSpawn {
+                thread: "committer",
+                source: Arc::new(e),
+            })?;
+        queue.committer = Some(thread);
+        Ok(())
+    }
+
+    /// The committer thread, if it was started, to join after [`shutdown`](Self::shutdown).
+    pub(crate) fn take_committer(&self) -> Option<std::thread::JoinHandle<()>> {
+        self.queue.lock().committer.take()
+    }
+
     #[cfg(feature = "test-hooks")]
     pub(crate) fn queued(&self) -> usize {
         self.queue.lock().jobs.len()
@@ -52,6 +78,9 @@ impl Writer {
         let mut queue = self.queue.lock();
         if queue.shutdown && !queue.leader_active {
             return; // Closed: nobody would commit it; the lease runs out instead.
+        }
+        if self.ensure_committer(&mut queue).is_err() {
+            return; // Nobody to commit it either.
         }
         queue.jobs.push_back(Job {
             op: WriteOp::Record {
@@ -127,6 +156,10 @@ impl Future for WriteFuture {
             let writer = &this.writer;
             let mut queue = writer.queue.lock();
             if let Err(e) = writer.check_open(&queue) {
+                return Poll::Ready(Err(e));
+            }
+            // Whoever leads for it is the committer thread.
+            if let Err(e) = writer.ensure_committer(&mut queue) {
                 return Poll::Ready(Err(e));
             }
             if queue.jobs.len() >= writer.config.max_queue {

@@ -21,7 +21,7 @@ mod queue;
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::Waker;
 
 use parking_lot::{Condvar, Mutex};
@@ -51,6 +51,8 @@ pub(crate) struct Writer {
     room: Condvar,
     /// Held by the leader for the whole batch.
     leader: Mutex<LeaderState>,
+    /// Itself, for the committer thread it starts.
+    this: Weak<Writer>,
 }
 
 pub(super) struct LeaderState {
@@ -62,14 +64,16 @@ pub(super) struct LeaderState {
 }
 
 impl Writer {
-    pub(crate) fn new(
+    /// The writer, with its committer thread running (unless `config.lazy_committer`).
+    pub(crate) fn start(
         engine: Arc<Engine>,
         config: WriterConfig,
         next_token: u64,
         token_ceiling: u64,
         log: Log,
-    ) -> Self {
-        Writer {
+    ) -> Result<Arc<Self>, Error> {
+        let lazy = config.lazy_committer;
+        let writer = Arc::new_cyclic(|this| Writer {
             engine,
             config,
             queue: Mutex::new(Queue::default()),
@@ -81,7 +85,12 @@ impl Writer {
                 batch_seq: 0,
                 log,
             }),
+            this: this.clone(),
+        });
+        if !lazy {
+            writer.ensure_committer(&mut writer.queue.lock())?;
         }
+        Ok(writer)
     }
 
     /// Queues `op`, waits until its batch is durable, and returns its answer. The caller

@@ -26,6 +26,8 @@ pub(crate) struct Queue {
     /// The committer thread should take a checkpoint (the log is past its size).
     pub(super) checkpoint_requested: bool,
     pub(super) shutdown: bool,
+    /// The committer thread, once started (at open, or when first needed).
+    pub(super) committer: Option<std::thread::JoinHandle<()>>,
     /// Async callers waiting for room in a full queue.
     pub(super) room_wakers: Vec<Waker>,
 }

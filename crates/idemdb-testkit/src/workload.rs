@@ -77,7 +77,7 @@ const EXPIRING_OP: &str = "crash-expire";
 
 /// Opens a workload database over `backend` on `clock`, with the workload's retention (below).
 pub fn open_workload(backend: FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
-    open_workload_with(backend, clock, true, Checkpoints::AlsoBySizeAndAge)
+    open_workload_as(backend, clock, Checkpoints::AlsoBySizeAndAge)
 }
 
 /// Who takes a workload database's checkpoints.
@@ -88,7 +88,8 @@ pub enum Checkpoints {
     AlsoBySizeAndAge,
     /// Only the writer itself, in the batches that take a durable commit (a raised token
     /// ceiling, an unregistered table, a log that grows), and compaction: a run is the same
-    /// every time, as a fuzz target needs.
+    /// every time, as a fuzz target needs. No committer thread is started (the workload's
+    /// callers are sync: nothing needs one).
     WriterOnly,
 }
 
@@ -98,16 +99,19 @@ pub fn open_workload_as(
     clock: &ManualClock,
     checkpoints: Checkpoints,
 ) -> Result<IdemDb, Error> {
-    open_workload_with(backend, clock, true, checkpoints)
+    let lazy = checkpoints == Checkpoints::WriterOnly;
+    open_workload_with(backend, clock, true, checkpoints, lazy)
 }
 
 /// [`open_workload`], verifying every page checksum or not (a variant of a crash image whose
-/// database file was verified already).
+/// database file was verified already), and starting the committer thread at open or only
+/// when needed (`lazy`: see [`Builder::lazy_committer`](idemdb::Builder::lazy_committer)).
 fn open_workload_with(
     backend: FaultBackend,
     clock: &ManualClock,
     verify: bool,
     checkpoints: Checkpoints,
+    lazy: bool,
 ) -> Result<IdemDb, Error> {
     let (bytes, age) = match checkpoints {
         // Small, so that runs cross checkpoints taken by size as well as by close,
@@ -117,6 +121,7 @@ fn open_workload_with(
     };
     IdemDb::builder()
         .verify_on_open(verify)
+        .lazy_committer(lazy)
         .clock(clock.clone())
         .retention(workload_retention())
         .checkpoint_bytes(bytes)
@@ -557,19 +562,40 @@ pub fn check_recovered(
     clock: ManualClock,
     logs: &[KeyLog],
 ) -> Result<CrashCheck, String> {
+    let copy = FaultBackend::from_image(disk.live_image());
     let mut raw = redb::Builder::new()
-        .create_with_backend(FaultBackend::from_image(disk.live_image()))
+        .create_with_backend(copy.clone())
         .map_err(|e| format!("redb cannot open the crash image: {e}"))?;
-    match raw.check_integrity() {
+    let clean = raw.check_integrity();
+    // Checked: what a clean close of this copy would write is never read.
+    copy.kill();
+    drop(raw);
+    match clean {
         Ok(true) => {}
         Ok(false) => return Err("redb's integrity check had to repair the file".into()),
         Err(e) => return Err(format!("redb's integrity check failed: {e}")),
     }
-    drop(raw);
     // Its pages were verified just now: the open need not read them all again.
-    let db = open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge)
-        .map_err(|e| format!("reopen failed: {e}"))?;
-    check_reopened(db, &clock, logs, true)
+    let db = open_to_check(disk.clone(), &clock).map_err(|e| format!("reopen failed: {e}"))?;
+    let checked = check_reopened(&db, &clock, logs, true);
+    close_unwritten(db, &disk);
+    checked
+}
+
+/// Opens a crash image to check it, without verifying its pages again (they were, or its
+/// database file was checked already). The committer thread starts only if needed: the
+/// checks are sync calls, and a checkpoint it would take by age (the check lasting past
+/// 1 s) is read by nobody.
+fn open_to_check(disk: FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
+    open_workload_with(disk, clock, false, Checkpoints::AlsoBySizeAndAge, true)
+}
+
+/// Drops `db`, checked already, without the writes of a clean close: `disk` (its disk) dies
+/// first, so the close's checkpoint and redb's allocator state are never written (nothing
+/// reads them).
+fn close_unwritten(db: IdemDb, disk: &FaultBackend) {
+    disk.kill();
+    drop(db);
 }
 
 /// As [`check_recovered`], for a disk whose log was altered after the crash (deleted, cut,
@@ -605,8 +631,12 @@ fn reopen_unless_refused(
     logs: &[KeyLog],
     intact: bool,
 ) -> Result<Option<CrashCheck>, String> {
-    match open_workload_with(disk, &clock, false, Checkpoints::AlsoBySizeAndAge) {
-        Ok(db) => check_reopened(db, &clock, logs, intact).map(Some),
+    match open_to_check(disk.clone(), &clock) {
+        Ok(db) => {
+            let checked = check_reopened(&db, &clock, logs, intact).map(Some);
+            close_unwritten(db, &disk);
+            checked
+        }
         Err(Error::LogRefused { .. }) => Ok(None),
         Err(e) => Err(format!("reopen failed: {e}")),
     }
@@ -614,7 +644,7 @@ fn reopen_unless_refused(
 
 /// `intact`: every key must hold its acknowledged state or its in-flight call's.
 fn check_reopened(
-    db: IdemDb,
+    db: &IdemDb,
     clock: &ManualClock,
     logs: &[KeyLog],
     intact: bool,

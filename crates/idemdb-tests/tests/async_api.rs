@@ -311,3 +311,74 @@ async fn an_async_waiter_takes_over_when_the_lease_runs_out() {
     assert!(fresh.is_takeover());
     assert!(fresh.token() > stale.token());
 }
+
+/// Test hooks' `lazy_committer` (the fuzz target's): sync callers need no committer thread;
+/// the first async caller starts it, and so does a log past `checkpoint_bytes`; queued ops
+/// are still drained at close.
+#[test]
+fn a_lazy_committer_starts_when_first_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let scope = Scope::new("op", "p");
+    let lazy = || {
+        IdemDb::builder()
+            .lazy_committer(true)
+            .checkpoint_bytes(64 << 10)
+            .checkpoint_interval(Duration::from_secs(3600))
+    };
+    // Sync callers only, past the checkpoint's size (not twice past it, where a leader would
+    // take one itself): the thread starts and takes it.
+    let db = lazy().open(&path).unwrap();
+    let body = vec![7u8; 4096];
+    for i in 0..20 {
+        let r = common::acquired(
+            db.reserve(&scope, &Key::new(format!("s{i}")), b"p", LEASE)
+                .unwrap(),
+        );
+        db.complete(&r, body.clone()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.stats().checkpoints == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint by size"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(db);
+    // An async caller on a database whose thread has not started: it leads for it, and ops
+    // queued by futures dropped unanswered still commit before the file closes.
+    let db = lazy().open(&path).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = common::acquired(
+            db.reserve_async(&scope, &Key::new("a"), b"p", LEASE)
+                .await
+                .unwrap(),
+        );
+        db.complete_async(&r, b"done".to_vec()).await.unwrap();
+        for i in 0..20 {
+            let key = Key::new(format!("q{i}"));
+            let fut = db.execute_async(&scope, &key, b"p", |_| {
+                Ok::<_, Error>(Outcome::Completed(b"done".to_vec()))
+            });
+            let _ = tokio::time::timeout(Duration::ZERO, fut).await;
+        }
+    });
+    drop(db);
+    let db = IdemDb::open(&path).unwrap();
+    for key in std::iter::once("a".to_string()).chain((0..20).map(|i| format!("q{i}"))) {
+        assert_eq!(
+            db.reserve(&scope, &Key::new(&key), b"p", LEASE).unwrap(),
+            ReserveOutcome::Completed(b"done".to_vec()),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        db.reserve(&scope, &Key::new("s19"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(body)
+    );
+}
