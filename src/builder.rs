@@ -108,6 +108,17 @@ impl Builder {
         self
     }
 
+    /// How long the committer thread, after committing a batch that held an async caller's
+    /// op, spins for the next one before it sleeps (default 100 µs; at most 1 ms;
+    /// `Duration::ZERO`: never spin). Async callers' next ops come about one thread wake-up
+    /// after their answers; spinning through that gap saves waking the thread again, which
+    /// on VMs whose idle CPUs halt costs about as much as an fsync. It costs up to this much
+    /// CPU per async batch; sync callers never make it spin.
+    pub fn committer_spin(mut self, spin: std::time::Duration) -> Self {
+        self.writer.committer_spin = spin.min(crate::config::COMMITTER_SPIN_MAX);
+        self
+    }
+
     /// Test support (feature `test-hooks`): how many tokens each raise of the durable
     /// token ceiling reserves (default 65,536; at least 1). A small block makes every few
     /// acquisitions raise it, so that crash tests exercise that path (docs/design.md §7).

@@ -123,6 +123,65 @@ fn duplicates_in_one_batch_see_each_other() {
     assert_eq!(backend.syncs() - before, 2 * per_commit);
 }
 
+/// The thread that commits the next keyed transaction.
+fn next_committer_thread(db: &IdemDb) -> std::sync::mpsc::Receiver<Option<String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    idemdb::testing::after_next_commit(db, move || {
+        let _ = tx.send(thread::current().name().map(str::to_owned));
+    });
+    rx
+}
+
+#[test]
+fn ops_queued_behind_a_batch_are_led_by_the_committer_thread() {
+    // A sync follower handed leadership would first have to be woken for it; the committer
+    // thread, awake while ops keep coming, leads them instead (design.md §5.2).
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let leader = stuck_leader(&backend, &db);
+    let followers: Vec<_> = (0..3)
+        .map(|i| {
+            let f = reserve_in_thread(&db, &format!("f{i}"));
+            queued(&db, i + 1);
+            f
+        })
+        .collect();
+    let led_by = next_committer_thread(&db);
+    backend.hold_syncs(false);
+    backend.release_held();
+    assert!(matches!(
+        leader.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    for f in followers {
+        assert!(matches!(
+            f.join().unwrap().unwrap(),
+            ReserveOutcome::Acquired(_)
+        ));
+    }
+    assert_eq!(
+        led_by.recv_timeout(WAIT).unwrap().as_deref(),
+        Some("idemdb-committer")
+    );
+    // A lone caller still commits on its own thread, with no hand-off.
+    let led_by = next_committer_thread(&db);
+    let lone = thread::Builder::new()
+        .name("lone-caller".into())
+        .spawn({
+            let db = Arc::clone(&db);
+            move || db.reserve(&scope(), &Key::new("lone"), b"p", LEASE)
+        })
+        .unwrap();
+    assert!(matches!(
+        lone.join().unwrap().unwrap(),
+        ReserveOutcome::Acquired(_)
+    ));
+    assert_eq!(
+        led_by.recv_timeout(WAIT).unwrap().as_deref(),
+        Some("lone-caller")
+    );
+}
+
 #[test]
 fn failing_closures_do_not_undo_their_neighbours() {
     let backend = FaultBackend::new();

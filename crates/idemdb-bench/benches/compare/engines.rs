@@ -1,6 +1,7 @@
 //! The engines under test, behind one small interface, plus the fsync floor.
 //!
-//! - `idemdb`: the crate, through its public sync API.
+//! - `idemdb`: the crate, through its public sync API (and its async API in the async cells:
+//!   [`IdemTask`]).
 //! - `redb_naive`: what a user would write on redb alone: one `Durability::Immediate` write
 //!   transaction per operation.
 //! - `sqlite`: rusqlite (bundled SQLite), WAL, `synchronous=FULL`, one connection per thread.
@@ -28,7 +29,8 @@ use crate::redis::Redis;
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
 use crate::shared::sqlite_wal_full;
 
-const LEASE: Duration = Duration::from_secs(30);
+/// Every reservation's lease (Redis's is the same 30 s, in ms).
+pub const LEASE: Duration = Duration::from_secs(30);
 
 /// The caller's own business table, written by `execute`.
 const ORDERS: TableDefinition<&[u8], u64> = TableDefinition::new("orders");
@@ -125,13 +127,7 @@ impl Kind {
     pub fn open(self, dir: &Path) -> Arc<dyn Engine> {
         match self {
             Kind::Idem => Arc::new(Idem {
-                // `orders` registered: execute's business insert is logged with its record.
-                db: Arc::new(
-                    IdemDb::builder()
-                        .table(ORDERS)
-                        .open(dir.join("bench.idemdb"))
-                        .expect("open idemdb"),
-                ),
+                db: open_idemdb(dir),
             }),
             Kind::Naive => Arc::new(Naive::open(&dir.join("bench.redb"))),
             Kind::Sqlite => Arc::new(Sqlite::open(&dir.join("bench.sqlite"))),
@@ -197,6 +193,17 @@ impl Lineup {
 
 // ---------------------------------------------------------------------------------------------
 // idemdb
+
+/// The store on a fresh file in `dir`, as every idemdb cell opens it (sync and async API).
+pub fn open_idemdb(dir: &Path) -> Arc<IdemDb> {
+    // `orders` registered: execute's business insert is logged with its record.
+    Arc::new(
+        IdemDb::builder()
+            .table(ORDERS)
+            .open(dir.join("bench.idemdb"))
+            .expect("open idemdb"),
+    )
+}
 
 struct Idem {
     db: Arc<IdemDb>,
@@ -279,6 +286,40 @@ impl Session for IdemSession {
             ReserveOutcome::Completed(response) => response.len(),
             other => panic!("preloaded key not completed: {other:?}"),
         }
+    }
+}
+
+/// One task's handle for the async cells: the async API, awaited on any executor (the
+/// futures are woken by idemdb's committer thread).
+pub struct IdemTask {
+    db: Arc<IdemDb>,
+    scope: Scope,
+}
+
+impl IdemTask {
+    pub fn new(db: &Arc<IdemDb>) -> IdemTask {
+        IdemTask {
+            db: Arc::clone(db),
+            scope: Scope::new(OPERATION, PRINCIPAL),
+        }
+    }
+
+    /// `reserve_async` of a fresh key, which must be acquired, then `complete_async`.
+    pub async fn lifecycle(&self, id: u64) {
+        let key = Key::new(key_bytes(id));
+        let reserved = self
+            .db
+            .reserve_async(&self.scope, &key, PAYLOAD, LEASE)
+            .await
+            .expect("idemdb reserve_async");
+        let reservation = match reserved {
+            ReserveOutcome::Acquired(reservation) => reservation,
+            other => panic!("fresh key not acquired: {other:?}"),
+        };
+        self.db
+            .complete_async(&reservation, RESPONSE)
+            .await
+            .expect("idemdb complete_async");
     }
 }
 
