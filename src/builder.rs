@@ -42,6 +42,7 @@ pub struct Builder {
     retention: Retention,
     tables: TableRegistry,
     accept_log_loss: bool,
+    replay_cache: usize,
 }
 
 impl Default for Builder {
@@ -55,6 +56,7 @@ impl Default for Builder {
             retention: Retention::default(),
             tables: TableRegistry::default(),
             accept_log_loss: false,
+            replay_cache: crate::config::REPLAY_CACHE_BYTES,
         }
     }
 }
@@ -210,6 +212,16 @@ impl Builder {
         self
     }
 
+    /// Memory for finished records kept to answer replays (default 32 MiB; 0: none). A
+    /// duplicate of a COMPLETED or FAILED intent whose record is here is answered from one
+    /// hash probe, without reading the database; the oldest entries make room for new ones.
+    /// Each entry costs its scoped key, its response and about 128 bytes. Answers are the
+    /// same with or without it (docs/design.md §6).
+    pub fn replay_cache(mut self, bytes: usize) -> Self {
+        self.replay_cache = bytes;
+        self
+    }
+
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
@@ -299,6 +311,7 @@ impl Builder {
             retention: self.retention,
             tables: self.tables,
             accept_log_loss: self.accept_log_loss,
+            replay_cache: self.replay_cache,
         };
         IdemDb::from_parts(db, log, settings, size)
     }

@@ -40,6 +40,8 @@ pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
 /// How long the committer thread spins for the next async op after a batch that held one
 /// (default; [`Builder::committer_spin`](crate::Builder::committer_spin)).
 pub(crate) const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+/// Memory for finished records kept for replays (default; `Builder::replay_cache`).
+pub(crate) const REPLAY_CACHE_BYTES: usize = 32 << 20;
 /// The longest spin a builder accepts.
 pub(crate) const COMMITTER_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 

@@ -125,19 +125,21 @@ impl Writer {
         let mut next_checkpoint = Instant::now() + interval;
         let mut led_async = false;
         loop {
-            if std::mem::take(&mut queue.committer_requested) {
-                self.committer_wanted.store(false, Ordering::Relaxed);
-                drop(queue);
-                led_async = self.lead();
-                queue = self.queue.lock();
-                continue;
-            }
+            // Checkpoints first: under a steady load this thread leads batch after batch, and
+            // a checkpoint due by age must not wait for the load to stop.
             if std::mem::take(&mut queue.checkpoint_requested) || Instant::now() >= next_checkpoint
             {
                 drop(queue);
                 // A failure poisoned the writer: later writes are refused with it.
                 let _ = self.checkpoint();
                 next_checkpoint = Instant::now() + interval;
+                queue = self.queue.lock();
+                continue;
+            }
+            if std::mem::take(&mut queue.committer_requested) {
+                self.committer_wanted.store(false, Ordering::Relaxed);
+                drop(queue);
+                led_async = self.lead();
                 queue = self.queue.lock();
                 continue;
             }

@@ -284,8 +284,16 @@ impl Writer {
         let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
         // Only now, after the durability point (I13): readers, marks, waiters.
         if done.any {
-            // Before anyone is answered or woken: see snapshot.rs.
+            // Before anyone is answered or woken: see snapshot.rs. The replay cache after the
+            // snapshot, so that a fill read from an older snapshot is refused.
             engine.snapshots.refresh();
+            for (key, _) in keys.iter().zip(&done.changed).filter(|(_, c)| **c) {
+                if let Some(key) = key {
+                    engine
+                        .replays
+                        .invalidate(engine.layout.index.hash(key.as_bytes()));
+                }
+            }
             engine.stats.record_batch(n, started.elapsed());
         }
         engine.durability.durable(seq);

@@ -47,10 +47,11 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, FsyncFloor, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
+use engines::{Engine, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
 use pool::{Callers, Load, Pool, Work};
+use shared::floor::FsyncFloor;
 use shared::keys::{Rng, fresh_id};
-use shared::nanos;
+use shared::timed_loop;
 use tasks::{TaskEngine, Tasks};
 
 /// Completed records preloaded for the replay cells.
@@ -105,19 +106,6 @@ fn group<'a>(c: &'a mut Criterion, name: &str, ops_per_iter: u64) -> BenchmarkGr
 /// A fresh directory for one engine in one cell.
 fn fresh_dir(root: &Path) -> TempDir {
     tempfile::tempdir_in(root).expect("tempdir")
-}
-
-/// Times `op` one call at a time: criterion gets the sum, the side report the distribution.
-fn timed_loop(iters: u64, latencies: &mut Vec<u64>, mut op: impl FnMut()) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        let start = Instant::now();
-        op();
-        let took = start.elapsed();
-        latencies.push(nanos(took));
-        total += took;
-    }
-    total
 }
 
 fn reserve_1(c: &mut Criterion, root: &Path, kinds: &[Kind]) {
