@@ -42,6 +42,7 @@ pub struct Builder {
     retention: Retention,
     tables: TableRegistry,
     accept_log_loss: bool,
+    replay_cache: usize,
 }
 
 impl Default for Builder {
@@ -55,6 +56,7 @@ impl Default for Builder {
             retention: Retention::default(),
             tables: TableRegistry::default(),
             accept_log_loss: false,
+            replay_cache: crate::config::REPLAY_CACHE_BYTES,
         }
     }
 }
@@ -105,6 +107,17 @@ impl Builder {
     /// what recovery replays after a crash, and the cost of each checkpoint.
     pub fn checkpoint_interval(mut self, interval: std::time::Duration) -> Self {
         self.writer.checkpoint_interval = interval.max(std::time::Duration::from_millis(1));
+        self
+    }
+
+    /// How long the committer thread, after committing a batch that held an async caller's
+    /// op, spins for the next one before it sleeps (default 100 µs; at most 1 ms;
+    /// `Duration::ZERO`: never spin). Async callers' next ops come about one thread wake-up
+    /// after their answers; spinning through that gap saves waking the thread again, which
+    /// on VMs whose idle CPUs halt costs about as much as an fsync. It costs up to this much
+    /// CPU per async batch; sync callers never make it spin.
+    pub fn committer_spin(mut self, spin: std::time::Duration) -> Self {
+        self.writer.committer_spin = spin.min(crate::config::COMMITTER_SPIN_MAX);
         self
     }
 
@@ -199,6 +212,16 @@ impl Builder {
         self
     }
 
+    /// Memory for finished records kept to answer replays (default 32 MiB; 0: none). A
+    /// duplicate of a COMPLETED or FAILED intent whose record is here is answered from one
+    /// hash probe, without reading the database; the oldest entries make room for new ones.
+    /// Each entry costs its scoped key, its response and about 128 bytes. Answers are the
+    /// same with or without it (docs/design.md §6).
+    pub fn replay_cache(mut self, bytes: usize) -> Self {
+        self.replay_cache = bytes;
+        self
+    }
+
     /// redb's page cache size in bytes (default: redb's).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
@@ -288,6 +311,7 @@ impl Builder {
             retention: self.retention,
             tables: self.tables,
             accept_log_loss: self.accept_log_loss,
+            replay_cache: self.replay_cache,
         };
         IdemDb::from_parts(db, log, settings, size)
     }

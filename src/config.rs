@@ -27,6 +27,8 @@ pub(crate) struct WriterConfig {
     /// The committer thread starts when first needed (an async caller, a checkpoint by size)
     /// instead of at open (test hooks: [`Builder::lazy_committer`](crate::Builder)).
     pub(crate) lazy_committer: bool,
+    /// How long the committer thread spins for the next async op after leading a batch.
+    pub(crate) committer_spin: std::time::Duration,
 }
 
 /// Tokens reserved on disk at a time (by default): the meta entry `next_token` (meta.rs) is a ceiling
@@ -35,6 +37,13 @@ pub(crate) struct WriterConfig {
 /// checkpoint), and at every open, so most batches do neither. After a reopen, tokens resume
 /// at the ceiling; up to this many are skipped, never reused.
 pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
+/// How long the committer thread spins for the next async op after a batch that held one
+/// (default; [`Builder::committer_spin`](crate::Builder::committer_spin)).
+pub(crate) const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+/// Memory for finished records kept for replays (default; `Builder::replay_cache`).
+pub(crate) const REPLAY_CACHE_BYTES: usize = 32 << 20;
+/// The longest spin a builder accepts.
+pub(crate) const COMMITTER_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The log file (wal/) preallocated at creation, and the step it grows by (by default): zero-filled,
 /// so that an append's `fdatasync` has no block allocation or file size to write.
@@ -51,6 +60,7 @@ impl Default for WriterConfig {
             token_block: TOKEN_BLOCK,
             log_step: GROW_STEP,
             lazy_committer: false,
+            committer_spin: COMMITTER_SPIN,
         }
     }
 }

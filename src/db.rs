@@ -109,6 +109,7 @@ impl IdemDb {
             retention,
             tables,
             accept_log_loss,
+            replay_cache,
         } = settings;
         let rules = retention.rules();
         let meta = meta::load_or_init(&db, &rules)?;
@@ -131,6 +132,7 @@ impl IdemDb {
             meta.database_id,
             Arc::new(layout),
             tables,
+            replay_cache,
         ));
         let writer = Writer::start(
             Arc::clone(&engine),

@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::config::Limits;
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
+use crate::replay_cache::ReplayCache;
 use crate::retention::locate::Layout;
 use crate::snapshot::Snapshots;
 use crate::stats::StatsCollector;
@@ -26,6 +27,8 @@ pub(crate) struct Engine {
     pub(crate) database_id: u64,
     pub(crate) layout: Arc<Layout>,
     pub(crate) snapshots: Snapshots,
+    /// Finished records for replays without B-tree lookups (replay_cache.rs).
+    pub(crate) replays: ReplayCache,
     pub(crate) durability: DurabilityTracker,
     pub(crate) stats: StatsCollector,
     pub(crate) waits: WaitRegistry,
@@ -47,8 +50,10 @@ impl Engine {
         database_id: u64,
         layout: Arc<Layout>,
         tables: TableRegistry,
+        replay_cache_bytes: usize,
     ) -> Engine {
         Engine {
+            replays: ReplayCache::new(replay_cache_bytes),
             snapshots: Snapshots::new(Arc::clone(&db), Arc::clone(&layout)),
             db,
             clock,

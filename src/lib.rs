@@ -46,6 +46,7 @@ mod observe;
 mod ops;
 mod record;
 mod reentry;
+mod replay_cache;
 mod retention;
 mod scan;
 mod settings;

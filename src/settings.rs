@@ -17,6 +17,8 @@ pub(crate) struct Settings {
     pub(crate) retention: Retention,
     pub(crate) tables: TableRegistry,
     pub(crate) accept_log_loss: bool,
+    /// Bytes of finished records kept for replays (0: none).
+    pub(crate) replay_cache: usize,
 }
 
 /// Where `stats()` finds the size of the database.

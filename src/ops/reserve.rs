@@ -15,6 +15,7 @@ use crate::fingerprint::{Fingerprint, Payload};
 use crate::observe::snapshot_span;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, RecordKey, Scope};
+use crate::state::RecordState;
 use crate::stats::{Counter, StatsCollector};
 use crate::timer::Timer;
 use crate::wait::WaitGuard;
@@ -195,10 +196,29 @@ impl IdemDb {
     ) -> Result<Option<Replay>, Error> {
         let span = snapshot_span(key);
         let _span = span.enter();
-        let now = self.engine.clock.now_ms();
-        let existing = self.engine.snapshots.find(key, now)?.live;
+        let engine = &*self.engine;
+        let now = engine.clock.now_ms();
+        let hash = engine.layout.index.hash(key.as_bytes());
+        if let Some(cached) = engine.replays.get(key, hash).filter(|r| !r.is_expired(now))
+            && let Decision::Replay(r) = decide(Some(cached), fingerprint, now)
+            && engine.durability.pending_for(key).is_none()
+        {
+            return Ok(Some(r));
+        }
+        // Read before the snapshot: a fill must not outlive a change committed after it.
+        let seen = engine.replays.generation(hash);
+        let existing = engine.snapshots.find(key, now)?.live;
+        let finished = existing
+            .as_ref()
+            .filter(|r| r.state != RecordState::InProgress);
+        let fill = finished.cloned();
         match decide(existing, fingerprint, now) {
-            Decision::Replay(r) if self.engine.durability.pending_for(key).is_none() => Ok(Some(r)),
+            Decision::Replay(r) if engine.durability.pending_for(key).is_none() => {
+                if let Some(record) = fill {
+                    engine.replays.fill(key, hash, &record, seen);
+                }
+                Ok(Some(r))
+            }
             _ => Ok(None),
         }
     }

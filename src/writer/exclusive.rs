@@ -47,6 +47,8 @@ impl Writer {
             .map_err(fail)?;
         publish(&out);
         engine.snapshots.refresh();
+        // Records were removed or rewritten outside a batch: no cached one is trusted.
+        engine.replays.clear();
         Ok(out)
     }
 }

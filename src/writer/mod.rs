@@ -3,8 +3,10 @@
 //! A caller queues its op. If no commit is running it becomes the leader: it takes what is
 //! queued (its own op first, up to `max_batch`), applies it on its own thread, makes it
 //! durable with one log append and `fdatasync`, answers the followers and hands leadership to
-//! the first op that queued meanwhile. A lone caller pays one append and no thread hand-off;
-//! under load, a batch is whatever arrived while the previous one was made durable.
+//! the committer thread if anything queued meanwhile (before that thread is started: to the
+//! first op that queued). A lone caller pays one append and no thread hand-off; under load,
+//! the committer thread leads batch after batch, each whatever arrived while the previous one
+//! was made durable.
 //!
 //! Within a batch, ops without closures share a transaction; each op that runs caller code
 //! gets a transaction of its own so its failure undoes only its writes. Every transaction
@@ -21,6 +23,7 @@ mod queue;
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 use std::task::Waker;
 
@@ -53,6 +56,9 @@ pub(crate) struct Writer {
     leader: Mutex<LeaderState>,
     /// Itself, for the committer thread it starts.
     this: Weak<Writer>,
+    /// Mirrors `Queue::committer_requested` so the committer thread can spin on it without
+    /// the queue's lock.
+    committer_wanted: AtomicBool,
 }
 
 pub(super) struct LeaderState {
@@ -86,6 +92,7 @@ impl Writer {
                 log,
             }),
             this: this.clone(),
+            committer_wanted: AtomicBool::new(false),
         });
         if !lazy {
             writer.ensure_committer(&mut writer.queue.lock())?;
@@ -184,9 +191,10 @@ impl Writer {
     }
 
     /// I17: commits one batch (which holds the leader's own op, if it has one) and passes
-    /// leadership on to the first op still queued, or clears `leader_active` when there is
-    /// none: one leader at a time, and no queued op without one.
-    fn lead(&self) {
+    /// leadership on (to the committer thread, or before it is started to the first op still
+    /// queued), or clears `leader_active` when nothing is queued: one leader at a time, and no
+    /// queued op without one. Says whether the batch held an async caller's op.
+    fn lead(&self) -> bool {
         let (batch, room) = {
             let mut queue = self.queue.lock();
             let n = queue.jobs.len().min(self.config.max_batch.max(1));
@@ -196,6 +204,7 @@ impl Writer {
         self.room.notify_all();
         room.into_iter().for_each(Waker::wake);
         let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
+        let had_async = slots.iter().any(|s| s.is_async());
         let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
             Ok(results) => results,
             Err(_) => {
@@ -208,13 +217,16 @@ impl Writer {
         self.answer(slots, results);
         let mut queue = self.queue.lock();
         match queue.jobs.front() {
-            Some(next) if next.slot.is_async() => {
-                queue.committer_requested = true;
-                self.committer.notify_one();
+            // The committer thread, once started, leads whatever queued meanwhile: it stays
+            // awake while ops keep coming, where a sync caller handed leadership would first
+            // have to be woken for it.
+            Some(next) if next.slot.is_async() || queue.committer.is_some() => {
+                self.request_committer(&mut queue);
             }
             Some(next) => next.slot.set(SlotState::Lead),
             None => queue.leader_active = false,
         }
+        had_async
     }
 
     /// Delivers a batch's answers. Async callers are woken directly; sync callers form a
@@ -272,8 +284,16 @@ impl Writer {
         let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
         // Only now, after the durability point (I13): readers, marks, waiters.
         if done.any {
-            // Before anyone is answered or woken: see snapshot.rs.
+            // Before anyone is answered or woken: see snapshot.rs. The replay cache after the
+            // snapshot, so that a fill read from an older snapshot is refused.
             engine.snapshots.refresh();
+            for (key, _) in keys.iter().zip(&done.changed).filter(|(_, c)| **c) {
+                if let Some(key) = key {
+                    engine
+                        .replays
+                        .invalidate(engine.layout.index.hash(key.as_bytes()));
+                }
+            }
             engine.stats.record_batch(n, started.elapsed());
         }
         engine.durability.durable(seq);

@@ -3,8 +3,9 @@
 //!
 //! Invariant: `leader_active` is false only while the queue is empty. So a caller that finds no
 //! leader has its op first in line, and a leader's own op is always in the batch it takes.
-//! Sync callers lead on their own thread (writer/mod.rs). Async callers never block their
-//! executor: when one is first in line with no leader, the committer thread leads for it.
+//! A sync caller that finds no leader leads on its own thread (writer/mod.rs); what queues
+//! behind a batch is led by the committer thread. Async callers never block their executor:
+//! when one is first in line with no leader, the committer thread leads for it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

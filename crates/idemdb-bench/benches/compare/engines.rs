@@ -1,6 +1,8 @@
-//! The engines under test, behind one small interface, plus the fsync floor.
+//! The engines under test, behind one small interface (the fsync floor is in
+//! `shared/floor.rs`).
 //!
-//! - `idemdb`: the crate, through its public sync API.
+//! - `idemdb`: the crate, through its public sync API (and its async API in the async cells:
+//!   [`IdemTask`]).
 //! - `redb_naive`: what a user would write on redb alone: one `Durability::Immediate` write
 //!   transaction per operation.
 //! - `sqlite`: rusqlite (bundled SQLite), WAL, `synchronous=FULL`, one connection per thread.
@@ -11,8 +13,6 @@
 //! fingerprint, a state, a fencing token and the response bytes. The two servers are in the
 //! run only where their binaries are found and start ([`Lineup::probe`]).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,8 @@ use crate::redis::Redis;
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
 use crate::shared::sqlite_wal_full;
 
-const LEASE: Duration = Duration::from_secs(30);
+/// Every reservation's lease (Redis's is the same 30 s, in ms).
+pub const LEASE: Duration = Duration::from_secs(30);
 
 /// The caller's own business table, written by `execute`.
 const ORDERS: TableDefinition<&[u8], u64> = TableDefinition::new("orders");
@@ -125,13 +126,7 @@ impl Kind {
     pub fn open(self, dir: &Path) -> Arc<dyn Engine> {
         match self {
             Kind::Idem => Arc::new(Idem {
-                // `orders` registered: execute's business insert is logged with its record.
-                db: Arc::new(
-                    IdemDb::builder()
-                        .table(ORDERS)
-                        .open(dir.join("bench.idemdb"))
-                        .expect("open idemdb"),
-                ),
+                db: open_idemdb(dir),
             }),
             Kind::Naive => Arc::new(Naive::open(&dir.join("bench.redb"))),
             Kind::Sqlite => Arc::new(Sqlite::open(&dir.join("bench.sqlite"))),
@@ -197,6 +192,17 @@ impl Lineup {
 
 // ---------------------------------------------------------------------------------------------
 // idemdb
+
+/// The store on a fresh file in `dir`, as every idemdb cell opens it (sync and async API).
+pub fn open_idemdb(dir: &Path) -> Arc<IdemDb> {
+    // `orders` registered: execute's business insert is logged with its record.
+    Arc::new(
+        IdemDb::builder()
+            .table(ORDERS)
+            .open(dir.join("bench.idemdb"))
+            .expect("open idemdb"),
+    )
+}
 
 struct Idem {
     db: Arc<IdemDb>,
@@ -279,6 +285,40 @@ impl Session for IdemSession {
             ReserveOutcome::Completed(response) => response.len(),
             other => panic!("preloaded key not completed: {other:?}"),
         }
+    }
+}
+
+/// One task's handle for the async cells: the async API, awaited on any executor (the
+/// futures are woken by idemdb's committer thread).
+pub struct IdemTask {
+    db: Arc<IdemDb>,
+    scope: Scope,
+}
+
+impl IdemTask {
+    pub fn new(db: &Arc<IdemDb>) -> IdemTask {
+        IdemTask {
+            db: Arc::clone(db),
+            scope: Scope::new(OPERATION, PRINCIPAL),
+        }
+    }
+
+    /// `reserve_async` of a fresh key, which must be acquired, then `complete_async`.
+    pub async fn lifecycle(&self, id: u64) {
+        let key = Key::new(key_bytes(id));
+        let reserved = self
+            .db
+            .reserve_async(&self.scope, &key, PAYLOAD, LEASE)
+            .await
+            .expect("idemdb reserve_async");
+        let reservation = match reserved {
+            ReserveOutcome::Acquired(reservation) => reservation,
+            other => panic!("fresh key not acquired: {other:?}"),
+        };
+        self.db
+            .complete_async(&reservation, RESPONSE)
+            .await
+            .expect("idemdb complete_async");
     }
 }
 
@@ -664,45 +704,5 @@ impl Session for SqliteSharedSession {
 
     fn replay(&mut self, id: u64) -> usize {
         self.conn().replay(id)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The fsync floor.
-
-/// 4 KiB pwrite into a preallocated file + fdatasync: the least one durable commit costs.
-pub struct FsyncFloor {
-    file: File,
-    block: [u8; 4096],
-    next: u64,
-}
-
-const FLOOR_BLOCKS: u64 = 1024;
-
-impl FsyncFloor {
-    pub fn open(dir: &Path) -> FsyncFloor {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.join("floor.bin"))
-            .expect("create floor file");
-        let zeros = vec![0u8; (FLOOR_BLOCKS * 4096) as usize];
-        file.write_all_at(&zeros, 0).expect("preallocate");
-        file.sync_all().expect("sync");
-        FsyncFloor {
-            file,
-            block: [0xa5; 4096],
-            next: 0,
-        }
-    }
-
-    pub fn op(&mut self) {
-        let offset = (self.next % FLOOR_BLOCKS) * 4096;
-        self.block[..8].copy_from_slice(&self.next.to_le_bytes());
-        self.next += 1;
-        self.file.write_all_at(&self.block, offset).expect("pwrite");
-        self.file.sync_data().expect("fdatasync");
     }
 }

@@ -10,14 +10,21 @@
 //! - `reserve_1`: one caller reserving fresh keys, beside the fsync floor.
 //! - `lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads, with the
 //!   CPU per lifecycle (this process's and the server's).
+//! - `lifecycle_async_{1,4,16,64}`: the same lifecycles by N tasks on one current-thread tokio
+//!   runtime (one OS thread, living across iterations), each task with its own session:
+//!   idemdb's `reserve_async` + `complete_async`, Redis's same two commands over a tokio
+//!   connection per task, the PostgreSQL table's same two statements over a tokio-postgres
+//!   connection per task (its driver on the same thread). SQLite and naive redb have no async
+//!   API and are left out (`tasks.rs`).
 //! - `execute_{1,64}`: one-shot execute with one business insert, by N caller threads
 //!   (embedded engines only: a server's business write would be in another store).
 //! - `replay_{1,2}`: reserve of a completed key, random among 100,000 preloaded ones.
 //! - `replay_1_load64`: `replay_1` while 64 other threads run lifecycles on the same store
 //!   (embedded engines only).
 //!
-//! One criterion iteration of an N-thread cell is one operation on each thread (N operations),
-//! so criterion's time is per N operations and its throughput is in operations per second.
+//! One criterion iteration of an N-thread (N-task) cell is one operation on each thread (task),
+//! N operations, so criterion's time is per N operations and its throughput is in operations
+//! per second.
 //!
 //! Run: `cargo bench -p idemdb-bench --bench compare` (5–6 minutes on the 2-vCPU VM); the
 //! summary table with idemdb ÷ baseline ratios is printed at the end and written to
@@ -30,6 +37,7 @@ mod redis;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;
+mod tasks;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,10 +47,12 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, FsyncFloor, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
-use pool::{Load, Pool, Work};
+use engines::{Engine, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
+use pool::{Callers, Load, Pool, Work};
+use shared::floor::FsyncFloor;
 use shared::keys::{Rng, fresh_id};
-use shared::nanos;
+use shared::timed_loop;
+use tasks::{TaskEngine, Tasks};
 
 /// Completed records preloaded for the replay cells.
 const REPLAY_KEYS: u64 = 100_000;
@@ -61,6 +71,9 @@ fn main() {
     for n in [1, 4, 16, 64] {
         let kinds = lineup.with_servers(Kind::for_threads(n));
         concurrent(&mut c, root.path(), "lifecycle", n, Work::Lifecycle, &kinds);
+    }
+    for n in [1, 4, 16, 64] {
+        lifecycle_async(&mut c, root.path(), n, &lineup.with_servers(&[Kind::Idem]));
     }
     for n in [1, 64] {
         let kinds = Kind::for_threads(n);
@@ -93,19 +106,6 @@ fn group<'a>(c: &'a mut Criterion, name: &str, ops_per_iter: u64) -> BenchmarkGr
 /// A fresh directory for one engine in one cell.
 fn fresh_dir(root: &Path) -> TempDir {
     tempfile::tempdir_in(root).expect("tempdir")
-}
-
-/// Times `op` one call at a time: criterion gets the sum, the side report the distribution.
-fn timed_loop(iters: u64, latencies: &mut Vec<u64>, mut op: impl FnMut()) -> Duration {
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        let start = Instant::now();
-        op();
-        let took = start.elapsed();
-        latencies.push(nanos(took));
-        total += took;
-    }
-    total
 }
 
 fn reserve_1(c: &mut Criterion, root: &Path, kinds: &[Kind]) {
@@ -154,24 +154,47 @@ fn concurrent(
     kinds: &[Kind],
 ) {
     let cell = format!("{name}_{threads}");
-    let mut g = group(c, &cell, threads as u64);
+    measured_callers(c, root, &cell, threads, kinds, |kind, dir| {
+        Pool::new(&kind.open(dir), threads, work)
+    });
+}
+
+/// `tasks` callers of each of `kinds` (engines with an async API) running lifecycles of fresh
+/// keys as tasks on one tokio runtime thread.
+fn lifecycle_async(c: &mut Criterion, root: &Path, tasks: usize, kinds: &[Kind]) {
+    let cell = format!("lifecycle_async_{tasks}");
+    measured_callers(c, root, &cell, tasks, kinds, |kind, dir| {
+        Tasks::new(&TaskEngine::open(kind, dir), tasks)
+    });
+}
+
+/// The cell `cell`: `callers` callers of each of `kinds`, made by `open` on a fresh directory,
+/// each doing one operation per iteration; their latencies and CPU go to the side report.
+fn measured_callers<C: Callers>(
+    c: &mut Criterion,
+    root: &Path,
+    cell: &str,
+    callers: usize,
+    kinds: &[Kind],
+    open: impl Fn(Kind, &Path) -> C,
+) {
+    let mut g = group(c, cell, callers as u64);
     for &kind in kinds {
-        let mut state: Option<(Pool, TempDir)> = None;
+        let mut state: Option<(C, TempDir)> = None;
         let mut latencies = Vec::new();
         g.bench_function(kind.id(), |b| {
-            let (pool, _) = state.get_or_insert_with(|| {
+            let (callers, _) = state.get_or_insert_with(|| {
                 let dir = fresh_dir(root);
-                let engine = kind.open(dir.path());
-                (Pool::new(&engine, threads, work), dir)
+                (open(kind, dir.path()), dir)
             });
-            b.iter_custom(|iters| pool.run(iters, &mut latencies));
+            b.iter_custom(|iters| callers.run(iters, &mut latencies));
         });
-        if let Some((pool, _)) = state.take() {
-            let spent = pool.spent();
-            drop(pool);
-            report::record_spent(&cell, kind.id(), spent);
+        if let Some((callers, _)) = state.take() {
+            let spent = callers.spent();
+            drop(callers);
+            report::record_spent(cell, kind.id(), spent);
         }
-        report::record_latencies(&cell, kind.id(), &mut latencies);
+        report::record_latencies(cell, kind.id(), &mut latencies);
     }
     g.finish();
 }

@@ -1,4 +1,5 @@
-//! Caller threads kept alive across criterion's iterations, and a background write load.
+//! Caller threads kept alive across criterion's iterations, what they spend, and a background
+//! write load.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -47,6 +48,34 @@ pub struct Spent {
 /// The CPU time of each of `pids` (`None`: gone, or not on this machine).
 fn servers_cpu(pids: &[u32]) -> Vec<Option<Duration>> {
     pids.iter().map(|&pid| cpu::of_pid(pid)).collect()
+}
+
+impl Spent {
+    /// Runs `run` (which returns its wall time) and adds what it spent, for `ops` operations
+    /// on an engine served by `server_pids`, to these sums. Returns `run`'s wall time.
+    pub fn measure(
+        &mut self,
+        server_pids: &[u32],
+        ops: u64,
+        run: impl FnOnce() -> Duration,
+    ) -> Duration {
+        // The servers are read outside this process's window: reading /proc costs CPU.
+        let servers_before = servers_cpu(server_pids);
+        let process_before = cpu::process();
+        let wall = run();
+        let process = cpu::process().saturating_sub(process_before);
+        let servers_after = servers_cpu(server_pids);
+        let servers: Duration = servers_before
+            .iter()
+            .zip(&servers_after)
+            .filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?)))
+            .sum();
+        self.ops += ops;
+        self.wall += wall;
+        self.process += process;
+        self.servers += servers;
+        wall
+    }
 }
 
 impl Pool {
@@ -121,31 +150,38 @@ impl Pool {
     /// and appends the per-operation latencies to `latencies`. The CPU spent is added to
     /// [`spent`](Pool::spent).
     pub fn run(&mut self, per_thread: u64, latencies: &mut Vec<u64>) -> Duration {
-        // The servers are read outside this process's window: reading /proc costs CPU.
-        let servers_before = servers_cpu(&self.server_pids);
-        let process_before = cpu::process();
-        for c in &self.commands {
-            c.send(per_thread).expect("caller alive");
-        }
-        let wall = gather(&self.done, self.commands.len(), latencies);
-        let process = cpu::process().saturating_sub(process_before);
-        let servers_after = servers_cpu(&self.server_pids);
-        let servers: Duration = servers_before
-            .iter()
-            .zip(&servers_after)
-            .filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?)))
-            .sum();
-        let s = &mut self.spent;
-        s.ops += per_thread * self.commands.len() as u64;
-        s.wall += wall;
-        s.process += process;
-        s.servers += servers;
-        wall
+        let ops = per_thread * self.commands.len() as u64;
+        let (commands, done) = (&self.commands, &self.done);
+        self.spent.measure(&self.server_pids, ops, || {
+            for c in commands {
+                c.send(per_thread).expect("caller alive");
+            }
+            gather(done, commands.len(), latencies)
+        })
     }
 
     /// The CPU and wall time of every [`run`](Pool::run) so far.
     pub fn spent(&self) -> Spent {
         self.spent
+    }
+}
+
+/// Callers kept alive across criterion's iterations: a [`Pool`]'s threads, or the async cells'
+/// tasks (`tasks.rs`).
+pub trait Callers {
+    /// Every caller runs `per_caller` operations: see [`Pool::run`].
+    fn run(&mut self, per_caller: u64, latencies: &mut Vec<u64>) -> Duration;
+    /// What every run so far spent.
+    fn spent(&self) -> Spent;
+}
+
+impl Callers for Pool {
+    fn run(&mut self, per_caller: u64, latencies: &mut Vec<u64>) -> Duration {
+        Pool::run(self, per_caller, latencies)
+    }
+
+    fn spent(&self) -> Spent {
+        Pool::spent(self)
     }
 }
 

@@ -7,7 +7,9 @@
 //!
 //! Each caller thread has its own connection driven by its own current-thread tokio runtime,
 //! as the sync `postgres` crate does: the connection makes progress on the caller's thread,
-//! with no hand-off to another thread per statement.
+//! with no hand-off to another thread per statement. In the async cells every task has its
+//! own connection, all of them driven by the one runtime thread that runs the tasks
+//! ([`PgTask`]).
 //!
 //! One lifecycle: `INSERT … ON CONFLICT DO NOTHING RETURNING token`, then the guarded
 //! `UPDATE`. A replay is the `SELECT` of the stored row, as SQLite's is.
@@ -201,4 +203,30 @@ pub fn probe() -> Result<String, String> {
         "{which}; {}, synchronous_commit=on per connection",
         settings.join(", ")
     ))
+}
+
+/// One task's connection for the async cells: the table's own async calls, on the runtime
+/// that runs the task (the connection's driver is spawned there too).
+pub struct PgTask {
+    conn: Conn,
+}
+
+impl Postgres {
+    /// One task's session; await it on the runtime that will run the task.
+    pub async fn task_session(&self) -> PgTask {
+        PgTask {
+            conn: Conn::connect(&self.url).await,
+        }
+    }
+}
+
+impl PgTask {
+    /// The same statements as [`PgSession`]'s lifecycle.
+    pub async fn lifecycle(&self, id: u64) {
+        let key = key_bytes(id);
+        match self.conn.reserve(&key).await {
+            Reserved::Acquired(token) => self.conn.complete(&key, token).await,
+            Reserved::Completed(_) => panic!("fresh key found completed"),
+        }
+    }
 }

@@ -17,6 +17,7 @@
 //!
 //! The client speaks RESP2 over a std `TcpStream` (TCP_NODELAY), one connection per caller
 //! thread: the five commands need no library, and it adds nothing on top of the bytes sent.
+//! The async cells send the same bytes over a tokio `TcpStream` per task ([`RedisTask`]).
 //!
 //! The binary is `$IDEMDB_BENCH_REDIS_SERVER`, else `redis-server` on PATH. If there is none, or
 //! it does not start, the run leaves Redis out and prints why (see [`probe`]).
@@ -261,6 +262,20 @@ pub struct Resp {
     out: Vec<u8>,
 }
 
+/// Appends one command to `out`: an array of bulk strings.
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    let mut head = String::new();
+    let _ = write!(head, "*{}\r\n", args.len());
+    out.extend_from_slice(head.as_bytes());
+    for arg in args {
+        head.clear();
+        let _ = write!(head, "${}\r\n", arg.len());
+        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_owned())
 }
@@ -278,16 +293,7 @@ impl Resp {
 
     /// Buffers one command: an array of bulk strings.
     pub fn push(&mut self, args: &[&[u8]]) {
-        let mut head = String::new();
-        let _ = write!(head, "*{}\r\n", args.len());
-        self.out.extend_from_slice(head.as_bytes());
-        for arg in args {
-            head.clear();
-            let _ = write!(head, "${}\r\n", arg.len());
-            self.out.extend_from_slice(head.as_bytes());
-            self.out.extend_from_slice(arg);
-            self.out.extend_from_slice(b"\r\n");
-        }
+        encode(&mut self.out, args);
     }
 
     /// Writes the buffered commands in one `write`.
@@ -461,5 +467,98 @@ impl Session for RedisSession {
             Reply::Bulk(Some(v)) if v[0] == b'C' && v[1..17] == self.fp => v.len() - 17,
             other => panic!("preloaded key not completed: {other:?}"),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The async cells: one connection per task, on the tokio runtime that runs the tasks.
+
+/// A connection driven by a tokio runtime, for a lifecycle's two commands, whose replies are
+/// one line each.
+struct AsyncResp {
+    /// Writes pass through the buffer to the stream.
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+    out: Vec<u8>,
+    line: Vec<u8>,
+}
+
+impl AsyncResp {
+    /// Connects from the current tokio runtime (its thread drives the connection).
+    async fn connect(port: u16) -> io::Result<AsyncResp> {
+        let stream = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?;
+        stream.set_nodelay(true)?;
+        Ok(AsyncResp {
+            stream: tokio::io::BufReader::new(stream),
+            out: Vec::with_capacity(256),
+            line: Vec::with_capacity(64),
+        })
+    }
+
+    /// Sends one command, bytes as [`Resp::push`] builds them, and reads its reply, which
+    /// must be `+OK`: anything else panics with `what` and the reply.
+    async fn call_ok(&mut self, what: &str, args: &[&[u8]]) {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        encode(&mut self.out, args);
+        self.stream
+            .write_all(&self.out)
+            .await
+            .expect("write to redis-server");
+        self.out.clear();
+        self.line.clear();
+        self.stream
+            .read_until(b'\n', &mut self.line)
+            .await
+            .expect("read from redis-server");
+        if self.line != b"+OK\r\n" {
+            panic!("{what}: {:?}", String::from_utf8_lossy(&self.line));
+        }
+    }
+}
+
+/// One task's session: the sync session's lifecycle, awaited on a tokio connection.
+pub struct RedisTask {
+    conn: AsyncResp,
+    tokens: Arc<AtomicU64>,
+    complete: Arc<[u8]>,
+    fp: [u8; 16],
+    /// The server lives while a session does.
+    _server: Arc<RedisServer>,
+}
+
+impl Redis {
+    /// One task's session; await it on the runtime that will run the task.
+    pub async fn task_session(&self) -> RedisTask {
+        RedisTask {
+            conn: AsyncResp::connect(self.server.port)
+                .await
+                .expect("connect to redis-server"),
+            tokens: Arc::clone(&self.tokens),
+            complete: Arc::clone(&self.complete),
+            fp: xxh3_128(PAYLOAD).to_le_bytes(),
+            _server: Arc::clone(&self.server),
+        }
+    }
+}
+
+impl RedisTask {
+    /// `SET NX PX`, then `EVALSHA` of [`COMPLETE`]: the same commands as
+    /// [`RedisSession`]'s lifecycle.
+    pub async fn lifecycle(&mut self, id: u64) {
+        let key = scoped_key(id);
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let marker = record(b'P', &self.fp, &token.to_le_bytes());
+        let reserve: [&[u8]; 6] = [b"SET", &key, &marker, b"NX", b"PX", LEASE_MS];
+        self.conn.call_ok("fresh key not acquired", &reserve).await;
+        let done = record(b'C', &self.fp, RESPONSE);
+        let complete: [&[u8]; 7] = [
+            b"EVALSHA",
+            &self.complete,
+            b"1",
+            &key,
+            &marker,
+            &done,
+            TTL_MS,
+        ];
+        self.conn.call_ok("complete refused", &complete).await;
     }
 }

@@ -1,6 +1,6 @@
-//! What the benches (`compare`, `retention`, `pg_compare`) share: the stored keys and bodies,
-//! criterion's setup and files, caller threads, CPU time, the hand-written PostgreSQL table,
-//! and the markdown report's pieces. Each bench includes it with
+//! What the benches (`compare`, `retention`, `pg_compare`, `tail`) share: the stored keys and
+//! bodies, criterion's setup and files, caller threads, CPU time, the fsync floor, the
+//! hand-written PostgreSQL table, and the markdown report's pieces. Each bench includes it with
 //! `#[path = "../shared/mod.rs"] mod shared;`.
 
 // Each bench uses only part of it.
@@ -8,12 +8,13 @@
 
 pub mod callers;
 pub mod cpu;
+pub mod floor;
 pub mod keys;
 pub mod pg_table;
 pub mod report;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use rusqlite::Connection;
@@ -49,6 +50,20 @@ pub fn temp_root(prefix: &str) -> TempDir {
 /// Whole nanoseconds.
 pub fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Times `op` one call at a time: criterion gets the sum, the side report the distribution
+/// (every call's latency in ns, appended to `latencies`).
+pub fn timed_loop(iters: u64, latencies: &mut Vec<u64>, mut op: impl FnMut()) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        op();
+        let took = start.elapsed();
+        latencies.push(nanos(took));
+        total += took;
+    }
+    total
 }
 
 /// A SQLite connection in WAL mode with `synchronous=FULL`: every commit durable. The busy

@@ -1,0 +1,226 @@
+//! The tail report: both distributions, the target, the slow calls beside the checkpoints
+//! taken, and the load on the machine; printed and written to
+//! `target/bench-results/tail.{md,json}`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use idemdb::{HISTOGRAM_BUCKETS, Histogram};
+use serde_json::{Value, json};
+
+use crate::Reserves;
+use crate::shared::report::{
+    fmt_val, machine, quantile, table_row, target_dir, write_machine, write_targets,
+};
+
+/// Issue 24: reserve p99.9 ≤ this many floor medians.
+const TARGET_RATIO: f64 = 5.0;
+/// Slower than this is a stall, not noise: a checkpoint stall is 10–30 ms.
+const STALL_NS: u64 = 5_000_000;
+
+/// The machine's 1-minute load average, if /proc says.
+pub fn loadavg_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A distribution's summary, in µs; `None` where nothing was timed.
+struct Dist {
+    ops: usize,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+    p9999: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Dist {
+    fn of(latencies: &mut [u64]) -> Dist {
+        latencies.sort_unstable();
+        let us = |q: f64| quantile(latencies, q).map(|ns| ns / 1e3);
+        Dist {
+            ops: latencies.len(),
+            p50: us(0.50),
+            p99: us(0.99),
+            p999: us(0.999),
+            p9999: us(0.9999),
+            max: us(1.0),
+        }
+    }
+
+    fn row(&self, md: &mut String, name: &str) {
+        let cells = [self.p50, self.p99, self.p999, self.p9999, self.max];
+        let mut row = vec![name.to_string(), fmt_val(Some(self.ops as f64), 0)];
+        row.extend(cells.map(|v| fmt_val(v, 0)));
+        table_row(md, &row);
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "ops": self.ops, "p50_us": self.p50, "p99_us": self.p99, "p99_9_us": self.p999,
+            "p99_99_us": self.p9999, "max_us": self.max,
+        })
+    }
+}
+
+/// What was recorded between two snapshots of one histogram.
+fn since(after: &Histogram, before: &Histogram) -> Histogram {
+    let mut buckets = [0; HISTOGRAM_BUCKETS];
+    for (i, b) in buckets.iter_mut().enumerate() {
+        *b = after.buckets[i].saturating_sub(before.buckets[i]);
+    }
+    Histogram {
+        buckets,
+        count: after.count.saturating_sub(before.count),
+        sum: after.sum.saturating_sub(before.sum),
+    }
+}
+
+pub fn finish(
+    test_mode: bool,
+    mut floor: Vec<u64>,
+    reserves: Option<Reserves>,
+    (load_start, load_end): (Option<f64>, Option<f64>),
+) {
+    if floor.is_empty() && reserves.is_none() {
+        println!("(nothing measured: no report)");
+        return;
+    }
+    let floor = Dist::of(&mut floor);
+    let mut md = String::new();
+    write_machine(&mut md, &machine());
+    let load = |l: Option<f64>| fmt_val(l, 2);
+    let _ = writeln!(
+        md,
+        "1-minute load average: {} at start, {} at end.{}\n",
+        load(load_start),
+        load(load_end),
+        if test_mode {
+            " Test mode: every benchmark ran once."
+        } else {
+            ""
+        },
+    );
+    table_row(
+        &mut md,
+        &[
+            "one caller",
+            "ops",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "p99.99 µs",
+            "max µs",
+        ],
+    );
+    let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|");
+    floor.row(&mut md, "fsync floor (4 KiB pwrite + fdatasync)");
+
+    let mut json = json!({
+        "test_mode": test_mode,
+        "machine": machine().into_iter().collect::<BTreeMap<_, _>>(),
+        "loadavg_1m": { "start": load_start, "end": load_end },
+        "fsync_floor": floor.json(),
+    });
+    let Some(mut r) = reserves else {
+        let _ = writeln!(md, "\n(idemdb_reserve_1 did not run.)");
+        return write(&md, &json);
+    };
+    let slow_floor = floor.p50.map(|f| {
+        let bound = f * 1e3 * TARGET_RATIO;
+        r.latencies.iter().filter(|&&l| l as f64 > bound).count()
+    });
+    let slow_stall = r.latencies.iter().filter(|&&l| l > STALL_NS).count();
+    let idem = Dist::of(&mut r.latencies);
+    idem.row(&mut md, "idemdb reserve, fresh keys");
+
+    let ratio = idem.p999.zip(floor.p50).map(|(p, f)| p / f);
+    let shown = ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}×"));
+    write_targets(
+        &mut md,
+        [(
+            "reserve p99.9 ≤ 5× the fsync floor's median (1 caller, 60 s)",
+            shown.as_str(),
+            // One call each in test mode: no verdict.
+            ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO),
+        )],
+    );
+
+    let checkpoints = r.after.checkpoints.saturating_sub(r.before.checkpoints);
+    let commits = r.after.commits.saturating_sub(r.before.commits);
+    let took = since(
+        &r.after.checkpoint_latency_us,
+        &r.before.checkpoint_latency_us,
+    );
+    // The histogram has log2 buckets: a quantile is known only up to its bucket's top.
+    let (ck_p50, ck_max) = if took.count > 0 {
+        (
+            Some(took.quantile_upper_bound(0.5) as f64),
+            Some(took.quantile_upper_bound(1.0) as f64),
+        )
+    } else {
+        (None, None)
+    };
+    let wall = r.wall.as_secs_f64();
+    let _ = writeln!(
+        md,
+        "\nidemdb over {wall:.1} s ({:.1} s of samples after criterion's warm-up, both timed): \
+         {} reserves in {} commits; {} slower than 5× the floor's median, {slow_stall} slower \
+         than 5 ms. Samples are time slices: criterion asked for {} iterations, {} ran.",
+        r.measured.as_secs_f64(),
+        fmt_val(Some(idem.ops as f64), 0),
+        fmt_val(Some(commits as f64), 0),
+        slow_floor.map_or_else(|| "–".into(), |n| n.to_string()),
+        fmt_val(Some(r.planned as f64), 0),
+        fmt_val(Some(r.ran as f64), 0),
+    );
+    let _ = writeln!(
+        md,
+        "Checkpoints taken: {checkpoints}; {} timed on their own (by size or age): mean {} µs, \
+         p50 ≤ {} µs, max ≤ {} µs (log2 buckets: the bound is the bucket's top).",
+        took.count,
+        fmt_val((took.count > 0).then(|| took.mean()), 0),
+        fmt_val(ck_p50, 0),
+        fmt_val(ck_max, 0),
+    );
+
+    json["idemdb_reserve_1"] = idem.json();
+    json["idemdb_reserve_1"]["wall_s"] = json!(wall);
+    json["idemdb_reserve_1"]["commits"] = json!(commits);
+    json["idemdb_reserve_1"]["samples_s"] = json!(r.measured.as_secs_f64());
+    json["idemdb_reserve_1"]["iterations_asked"] = json!(r.planned);
+    json["idemdb_reserve_1"]["iterations_ran"] = json!(r.ran);
+    json["idemdb_reserve_1"]["slower_than_5x_floor_median"] = json!(slow_floor);
+    json["idemdb_reserve_1"]["slower_than_5ms"] = json!(slow_stall);
+    json["checkpoints"] = json!({
+        "taken": checkpoints,
+        "timed": took.count,
+        "mean_us": (took.count > 0).then(|| took.mean()),
+        "p50_us_at_most": ck_p50,
+        "max_us_at_most": ck_max,
+        "latency_us_log2_buckets": took.buckets.to_vec(),
+    });
+    json["target"] = json!({
+        "target": "reserve p99.9 ≤ 5× the fsync floor's median",
+        "p99_9_over_floor_median": ratio,
+        "met": ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO),
+    });
+    write(&md, &json);
+}
+
+fn write(md: &str, json: &Value) {
+    println!("\n{md}");
+    let dir = target_dir().join("bench-results");
+    std::fs::create_dir_all(&dir).expect("create target/bench-results");
+    std::fs::write(dir.join("tail.md"), md).expect("write tail.md");
+    std::fs::write(
+        dir.join("tail.json"),
+        serde_json::to_string_pretty(json).expect("json"),
+    )
+    .expect("write tail.json");
+    println!("written: {}", dir.join("tail.md").display());
+}
