@@ -319,6 +319,28 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_larger_than_a_shard_s_share_is_not_kept() {
+        let cache = ReplayCache::new(64 * 1_000);
+        let k = key(1);
+        let h = hash(&k);
+        cache.fill(
+            &k,
+            h,
+            &record(RecordState::Completed, &[7; 2_000]),
+            cache.generation(h),
+        );
+        assert!(cache.get(&k, h).is_none());
+        assert_eq!(cache.bytes(), 0);
+        cache.fill(
+            &k,
+            h,
+            &record(RecordState::Completed, &[7; 100]),
+            cache.generation(h),
+        );
+        assert!(cache.get(&k, h).is_some());
+    }
+
+    #[test]
     fn a_zero_budget_turns_the_cache_off() {
         let cache = ReplayCache::new(0);
         let k = key(1);
