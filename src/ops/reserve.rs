@@ -15,7 +15,6 @@ use crate::fingerprint::{Fingerprint, Payload};
 use crate::observe::snapshot_span;
 use crate::outcome::ReserveOutcome;
 use crate::scope::{Key, RecordKey, Scope};
-use crate::state::RecordState;
 use crate::stats::{Counter, StatsCollector};
 use crate::timer::Timer;
 use crate::wait::WaitGuard;
@@ -208,17 +207,15 @@ impl IdemDb {
         // Read before the snapshot: a fill must not outlive a change committed after it.
         let seen = engine.replays.generation(hash);
         let existing = engine.snapshots.find(key, now)?.live;
-        let finished = existing
-            .as_ref()
-            .filter(|r| r.state != RecordState::InProgress);
-        let fill = finished.cloned();
+        // A live finished record is always answered as a replay (`decide`), so it is filled
+        // exactly when it is answered: when it is durable. `fill` skips IN_PROGRESS ones.
+        if let Some(record) = &existing
+            && engine.durability.pending_for(key).is_none()
+        {
+            engine.replays.fill(key, hash, record, seen);
+        }
         match decide(existing, fingerprint, now) {
-            Decision::Replay(r) if engine.durability.pending_for(key).is_none() => {
-                if let Some(record) = fill {
-                    engine.replays.fill(key, hash, &record, seen);
-                }
-                Ok(Some(r))
-            }
+            Decision::Replay(r) if engine.durability.pending_for(key).is_none() => Ok(Some(r)),
             _ => Ok(None),
         }
     }

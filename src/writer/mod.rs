@@ -204,7 +204,6 @@ impl Writer {
         self.room.notify_all();
         room.into_iter().for_each(Waker::wake);
         let slots: Vec<Arc<Slot>> = batch.iter().map(|j| Arc::clone(&j.slot)).collect();
-        let had_async = slots.iter().any(|s| s.is_async());
         let results = match catch_unwind(AssertUnwindSafe(|| self.commit_batch(batch))) {
             Ok(results) => results,
             Err(_) => {
@@ -214,7 +213,7 @@ impl Writer {
                 slots.iter().map(|_| Err(e.clone())).collect()
             }
         };
-        self.answer(slots, results);
+        let had_async = self.answer(slots, results);
         let mut queue = self.queue.lock();
         match queue.jobs.front() {
             // The committer thread, once started, leads whatever queued meanwhile: it stays
@@ -231,11 +230,13 @@ impl Writer {
 
     /// Delivers a batch's answers. Async callers are woken directly; sync callers form a
     /// binary tree in which every caller, on reading its answer, wakes its two children.
-    fn answer(&self, slots: Vec<Arc<Slot>>, results: Vec<Result<OpOutput, Error>>) {
+    /// Says whether any caller was async.
+    fn answer(&self, slots: Vec<Arc<Slot>>, results: Vec<Result<OpOutput, Error>>) -> bool {
         let (sync, asynchronous): (Vec<_>, Vec<_>) = slots
             .into_iter()
             .zip(results)
             .partition(|(slot, _)| !slot.is_async());
+        let had_async = !asynchronous.is_empty();
         for (slot, result) in asynchronous {
             if let Some(orphan) = slot.deliver(result) {
                 self.release_detached(&orphan);
@@ -248,6 +249,7 @@ impl Writer {
         }
         // Roots last: nobody is woken before every answer is in place.
         tree.iter().take(2).for_each(|s| s.wake());
+        had_async
     }
 
     fn commit_batch(&self, batch: Vec<Job>) -> Vec<Result<OpOutput, Error>> {
