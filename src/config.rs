@@ -64,3 +64,8 @@ impl Default for WriterConfig {
         }
     }
 }
+
+/// How often the applier thread writes the overlay into redb (writer/applier.rs): often enough
+/// that a checkpoint finds little left, seldom enough that each pass's commit is shared by
+/// many records.
+pub(crate) const APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
