@@ -17,6 +17,12 @@ use crate::error::Error;
 use crate::overlay::{Taken, Written};
 use crate::stats::Counter;
 
+/// Most rounds of a checkpoint's first phase.
+const PHASE_ONE_ROUNDS: usize = 3;
+/// A first-phase round this short leaves little for the second phase, which the batches
+/// wait for: no further round.
+const PHASE_ONE_ENOUGH: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Writer {
     /// Takes a checkpoint if frames follow the last one, in two phases so that the batches
     /// wait only for a small one (I21). A failed commit poisons the writer, as a batch's
@@ -41,12 +47,15 @@ impl Writer {
     /// frame when it began, `seq`, as the checkpoint, while batches go on appending frames
     /// above it (the log is not written again from its start, so they stay; recovery replays
     /// the run above `seq`, wal/scan.rs). It holds the apply lock and redb's write lock, so no
-    /// other durable commit runs meanwhile. Phase 2, under the leader lock: an ordinary
-    /// checkpoint, which has only what came during phase 1 left to write, after which the
-    /// log starts over. Says whether one was taken.
+    /// other durable commit runs meanwhile. Repeated while it took long (up to
+    /// [`PHASE_ONE_ROUNDS`] times): each round has only what came during the one before to
+    /// write. Phase 2, under the leader lock: an ordinary checkpoint, which has only what came
+    /// during the last round left to write, after which the log starts over. Says whether
+    /// one was taken.
     fn checkpoint_in_two_phases(&self) -> Result<bool, Error> {
         let engine = &*self.engine;
-        {
+        for _ in 0..PHASE_ONE_ROUNDS {
+            let started = Instant::now();
             let leader = self.leader.lock();
             if leader.log.bytes_since_checkpoint() == 0 || engine.is_poisoned() {
                 return Ok(false);
@@ -67,6 +76,9 @@ impl Writer {
             txn.commit()?;
             engine.snapshots.refresh();
             self.forget_written(&taken);
+            if started.elapsed() < PHASE_ONE_ENOUGH {
+                break;
+            }
         }
         let mut leader = self.leader.lock();
         if engine.is_poisoned() {
