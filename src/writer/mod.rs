@@ -119,7 +119,9 @@ impl Writer {
         if !lazy {
             writer.ensure_committer(&mut writer.queue.lock())?;
         }
-        writer.start_applier();
+        if writer.config.applier {
+            writer.start_applier();
+        }
         Ok(writer)
     }
 
@@ -314,14 +316,14 @@ impl Writer {
                 return self.fail_batch(e, n);
             }
         }
+        // Everything of the batch before its frame's write is done: nobody may see it yet.
         #[cfg(feature = "test-hooks")]
         if keys
             .iter()
             .zip(&done.changed)
             .any(|(k, c)| *c && k.is_some())
-            && let Some(hook) = engine.durability.after_commit.lock().take()
         {
-            hook();
+            done.run_test_hook = true;
         }
         if done.any
             && let Err(e) = self.durability_point(leader, &done)
@@ -457,6 +459,12 @@ impl Writer {
     /// cannot replay, the frame would be over 1 GiB, or the log had to grow for it (the
     /// commit records the new length).
     fn durability_point(&self, leader: &mut LeaderState, done: &Committed) -> Result<(), Error> {
+        #[cfg(feature = "test-hooks")]
+        if done.run_test_hook
+            && let Some(hook) = self.engine.durability.after_commit.lock().take()
+        {
+            hook();
+        }
         let appended = if done.logged && crate::wal::fits(&done.effects) {
             leader.log.append(&done.effects)?
         } else {
@@ -536,6 +544,9 @@ struct Committed {
     any: bool,
     /// A closure's redb transaction committed.
     redb_changed: bool,
+    /// `testing::after_next_commit`'s hook runs at this batch's durability point.
+    #[cfg(feature = "test-hooks")]
+    run_test_hook: bool,
 }
 
 impl Committed {
@@ -548,6 +559,8 @@ impl Committed {
             logged: true,
             any: false,
             redb_changed: false,
+            #[cfg(feature = "test-hooks")]
+            run_test_hook: false,
         }
     }
 }

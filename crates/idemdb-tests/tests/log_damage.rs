@@ -329,6 +329,51 @@ fn the_log_is_reused_from_its_start_after_each_checkpoint() {
     }
 }
 
+/// I21: a batch whose frame brings the log to twice `checkpoint_bytes` takes a checkpoint
+/// itself (no applier thread here to take one sooner), and that checkpoint records the batch's
+/// frame as covered: so it must hold the batch's records too, which were only in memory. A
+/// power loss right after it loses nothing.
+#[test]
+fn a_batch_that_takes_a_checkpoint_itself_is_in_that_checkpoint() {
+    let backend = FaultBackend::new();
+    let db = IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_bytes(64 << 10)
+        .without_applier()
+        .open_with_backend(backend.clone(), backend.log())
+        .unwrap();
+    let checkpoints = |db: &IdemDb| db.stats().checkpoints;
+    let mut last = None;
+    for i in 0..2_000 {
+        let before = checkpoints(&db);
+        let r = acquired(
+            db.reserve(&scope(), &Key::new(format!("k{i}")), b"p", LEASE)
+                .unwrap(),
+        );
+        if checkpoints(&db) > before {
+            last = Some((i, RecordState::InProgress));
+            break;
+        }
+        db.complete(&r, vec![1; 100]).unwrap();
+        if checkpoints(&db) > before {
+            last = Some((i, RecordState::Completed));
+            break;
+        }
+    }
+    let (last, last_state) = last.expect("no batch took a checkpoint");
+    let disk = power_loss_now(&backend, db);
+    let db = open_unchecked(&disk).unwrap();
+    for i in 0..last {
+        assert_eq!(
+            state(&db, &format!("k{i}")),
+            Some(RecordState::Completed),
+            "k{i}"
+        );
+    }
+    assert_eq!(state(&db, &format!("k{last}")), Some(last_state), "k{last}");
+}
+
 #[test]
 fn a_frame_larger_than_the_log_grows_it_and_survives_a_crash() {
     let backend = FaultBackend::new();
