@@ -311,6 +311,8 @@ impl IdemDb {
     /// only durable state: if the writer has non-durable commits in flight, this waits until
     /// their batch is durable (its log frame synced).
     pub fn begin_read(&self) -> Result<ReadTransaction, Error> {
+        // From a closure it would wait for the closure's own commit (semantics.md §11).
+        refuse_reentry()?;
         // Acknowledged records still in the overlay are written into redb first.
         self.writer.settle()?;
         let txn = self.engine.db.begin_read()?;

@@ -135,6 +135,10 @@ pub(crate) struct Snapshots {
     pub(crate) overlay: Arc<Overlay>,
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
+    /// Held from opening a snapshot until it is installed: refreshes run on several threads
+    /// (the leader, the applier), and one that opened earlier must not install its older
+    /// snapshot over a newer one, whose entries the overlay may have forgotten already.
+    refreshing: parking_lot::Mutex<()>,
     /// Tests make every refresh fail, to exercise the fallback (testing::fail_snapshot_refresh).
     #[cfg(feature = "test-hooks")]
     pub(crate) fail_refresh: std::sync::atomic::AtomicBool,
@@ -147,6 +151,7 @@ impl Snapshots {
             layout,
             overlay: Arc::new(Overlay::default()),
             shards: std::array::from_fn(|_| Shard(RwLock::new(None))),
+            refreshing: parking_lot::Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             fail_refresh: std::sync::atomic::AtomicBool::new(false),
         };
@@ -157,6 +162,7 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
+        let _one_at_a_time = self.refreshing.lock();
         #[cfg(feature = "test-hooks")]
         if self.fail_refresh.load(std::sync::atomic::Ordering::SeqCst) {
             for shard in &self.shards {
