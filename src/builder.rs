@@ -152,6 +152,17 @@ impl Builder {
         self
     }
 
+    /// Test support (feature `test-hooks`): no applier thread. The overlay then reaches redb
+    /// only through checkpoints, compaction steps and reads of redb itself, and the only
+    /// checkpoints by size are the ones a leader takes at twice
+    /// [`checkpoint_bytes`](Self::checkpoint_bytes): a test can tell when one happens.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn without_applier(mut self) -> Self {
+        self.writer.applier = false;
+        self
+    }
+
     /// Registers a caller table that closures write through [`Tx::open_table`](crate::Tx):
     /// its writes are logged (key and value bytes), so a batch running caller code is durable
     /// with one log append instead of a durable redb commit. Opening a database whose log

@@ -27,6 +27,9 @@ pub(crate) struct WriterConfig {
     /// The committer thread starts when first needed (an async caller, a checkpoint by size)
     /// instead of at open (test hooks: [`Builder::lazy_committer`](crate::Builder)).
     pub(crate) lazy_committer: bool,
+    /// The applier thread is started at open (test hooks: [`Builder::without_applier`](crate::Builder)
+    /// turns it off, so that only the leaders take checkpoints by size).
+    pub(crate) applier: bool,
     /// How long the committer thread spins for the next async op after leading a batch.
     pub(crate) committer_spin: std::time::Duration,
 }
@@ -60,7 +63,13 @@ impl Default for WriterConfig {
             token_block: TOKEN_BLOCK,
             log_step: GROW_STEP,
             lazy_committer: false,
+            applier: true,
             committer_spin: COMMITTER_SPIN,
         }
     }
 }
+
+/// How often the applier thread writes the overlay into redb (writer/applier.rs): often enough
+/// that a checkpoint finds little left, seldom enough that each pass's commit is shared by
+/// many records.
+pub(crate) const APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);

@@ -89,6 +89,7 @@ impl Drop for IdemDb {
             // A panic there already poisoned the writer; nothing is left to answer.
             let _ = committer.join();
         }
+        self.writer.stop_applier();
         // A last checkpoint that records the log as no longer in use: a clean close leaves
         // nothing the next open needs from the log (it may then be removed or replaced).
         let _ = self.writer.close_log();
@@ -207,6 +208,9 @@ impl IdemDb {
         let (log_len, since) = self.log_gauges.read();
         stats.log_bytes_on_disk = log_len;
         stats.log_bytes_since_checkpoint = since;
+        // Counted in redb: the overlay's records are written into it first. A failure here
+        // poisoned the engine, and the counts are of what redb holds.
+        let _ = self.writer.settle();
         if let Ok(txn) = self.engine.db.begin_read() {
             use redb::ReadableTableMetadata;
             let len = |t: Result<redb::ReadOnlyTable<&[u8], &[u8]>, redb::TableError>| {
@@ -307,6 +311,10 @@ impl IdemDb {
     /// only durable state: if the writer has non-durable commits in flight, this waits until
     /// their batch is durable (its log frame synced).
     pub fn begin_read(&self) -> Result<ReadTransaction, Error> {
+        // From a closure it would wait for the closure's own commit (semantics.md §11).
+        refuse_reentry()?;
+        // Acknowledged records still in the overlay are written into redb first.
+        self.writer.settle()?;
         let txn = self.engine.db.begin_read()?;
         if let Some(seq) = self.engine.durability.pending_any() {
             self.engine.durability.wait(seq)?;

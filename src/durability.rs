@@ -24,9 +24,8 @@ pub(crate) struct DurabilityTracker {
     newest_durable: AtomicU64,
     inner: Mutex<Inner>,
     durable: Condvar,
-    /// Run once on the leader's thread right after the next keyed commit returned
-    /// (testing::after_next_commit): lets a test read while that commit is visible and not
-    /// yet durable.
+    /// Run once on the leader's thread right after the next batch that changes a record was
+    /// applied (testing::after_next_commit): lets a test read before its durability point.
     #[cfg(feature = "test-hooks")]
     pub(crate) after_commit: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }

@@ -44,6 +44,7 @@ mod measured;
 mod meta;
 mod observe;
 mod ops;
+mod overlay;
 mod record;
 mod reentry;
 mod replay_cache;

@@ -18,6 +18,11 @@ pub(crate) fn refuse_reentry() -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether this thread is committing a batch (a closure of it is running).
+pub(crate) fn committing() -> bool {
+    COMMITTING.with(Cell::get)
+}
+
 /// Marks this thread as committing until dropped.
 pub(crate) struct Committing(());
 

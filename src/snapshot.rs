@@ -11,12 +11,16 @@
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
-use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, TableHandle};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::overlay::{Overlay, Slot};
 use crate::record::Record;
-use crate::retention::locate::{Found, Layout, Lookup, PartitionReader, Partitioned, find, get_in};
+use crate::retention::locate::{
+    Found, Layered, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in, inflight_in,
+    newest,
+};
 use crate::retention::partition::{Catalog, Partition};
 use crate::scope::RecordKey;
 use crate::shard::{SHARDS, shard_index};
@@ -48,18 +52,44 @@ impl Tables {
         })
     }
 
-    fn find(&self, layout: &Layout, key: &RecordKey, now: u64) -> Result<Found, Error> {
-        let at = Lookup {
-            key,
-            hash: layout.index.hash(key.as_bytes()),
-            now,
+    /// What this snapshot holds for `at.key` under the overlay's `slots` for it (the newest
+    /// last).
+    fn find(
+        &self,
+        layout: &Layout,
+        at: &Lookup<'_>,
+        slots: &[Slot],
+        probe: Probe,
+    ) -> Result<Found, Error> {
+        // A slot may be in a partition created after this snapshot: the current catalog has it.
+        let current;
+        let catalog = if slots.is_empty() {
+            &*self.catalog
+        } else {
+            current = layout.partitions.catalog();
+            &*current
+        };
+        let inflight = || match newest(slots, INFLIGHT.name()) {
+            Some(v) => v.map(crate::record::decode).transpose(),
+            None => inflight_in(&self.inflight, at.key),
         };
         let parts = Partitioned {
-            catalog: &self.catalog,
+            catalog,
             index: &layout.index,
-            reader: &mut SnapshotParts(self),
+            reader: &mut Layered {
+                slots,
+                base: SnapshotParts(self),
+            },
         };
-        find(&self.inflight, parts, &at, layout.snapshot_probe())
+        find(inflight, parts, at, probe)
+    }
+
+    /// Whether the in-flight table holds `key`, under the overlay's `slots` for it.
+    fn in_flight(&self, key: &RecordKey, slots: &[Slot]) -> Result<bool, Error> {
+        match newest(slots, INFLIGHT.name()) {
+            Some(v) => Ok(v.is_some()),
+            None => Ok(self.inflight.get(key.as_bytes())?.is_some()),
+        }
     }
 }
 
@@ -101,8 +131,14 @@ struct Shard(RwLock<Option<Arc<Tables>>>);
 pub(crate) struct Snapshots {
     db: Arc<Database>,
     layout: Arc<Layout>,
+    /// Record writes durable in the log and not yet in redb: looked up before the snapshot.
+    pub(crate) overlay: Arc<Overlay>,
     /// `None` when the last refresh failed: readers then open their own transaction.
     shards: [Shard; SHARDS],
+    /// Held from opening a snapshot until it is installed: refreshes run on several threads
+    /// (the leader, the applier), and one that opened earlier must not install its older
+    /// snapshot over a newer one, whose entries the overlay may have forgotten already.
+    refreshing: parking_lot::Mutex<()>,
     /// Tests make every refresh fail, to exercise the fallback (testing::fail_snapshot_refresh).
     #[cfg(feature = "test-hooks")]
     pub(crate) fail_refresh: std::sync::atomic::AtomicBool,
@@ -113,7 +149,9 @@ impl Snapshots {
         let snapshots = Snapshots {
             db,
             layout,
+            overlay: Arc::new(Overlay::default()),
             shards: std::array::from_fn(|_| Shard(RwLock::new(None))),
+            refreshing: parking_lot::Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             fail_refresh: std::sync::atomic::AtomicBool::new(false),
         };
@@ -124,6 +162,7 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
+        let _one_at_a_time = self.refreshing.lock();
         #[cfg(feature = "test-hooks")]
         if self.fail_refresh.load(std::sync::atomic::Ordering::SeqCst) {
             for shard in &self.shards {
@@ -137,14 +176,34 @@ impl Snapshots {
         }
     }
 
-    /// What the newest installed snapshot holds for `key` at `now`.
+    /// What the database holds for `key` at `now`: the overlay's values first, then the newest
+    /// installed snapshot (in that order: an entry leaves the overlay only once a snapshot
+    /// that holds it is installed).
     pub(crate) fn find(&self, key: &RecordKey, now: u64) -> Result<Found, Error> {
+        let hash = self.layout.index.hash(key.as_bytes());
+        let slots = self.overlay.lookup(key.as_bytes(), hash);
+        let at = Lookup { key, hash, now };
+        self.with_tables(|t| t.find(&self.layout, &at, &slots, self.layout.snapshot_probe()))
+    }
+
+    /// What the writer finds for `at.key` under `slots`: the overlay's values and the batch's
+    /// own writes, the newest last (looked up before this call).
+    pub(crate) fn find_under(&self, at: &Lookup<'_>, slots: &[Slot]) -> Result<Found, Error> {
+        self.with_tables(|t| t.find(&self.layout, at, slots, Probe::All))
+    }
+
+    /// Whether the in-flight table holds `key`, under `slots` as for [`find_under`].
+    pub(crate) fn in_flight_under(&self, key: &RecordKey, slots: &[Slot]) -> Result<bool, Error> {
+        self.with_tables(|t| t.in_flight(key, slots))
+    }
+
+    fn with_tables<T>(&self, f: impl FnOnce(&Tables) -> Result<T, Error>) -> Result<T, Error> {
         let shard = self.shards[shard_index()].0.read();
         match &*shard {
-            Some(t) => t.find(&self.layout, key, now),
+            Some(t) => f(t),
             None => {
                 drop(shard);
-                Tables::open(&self.db, &self.layout)?.find(&self.layout, key, now)
+                f(&Tables::open(&self.db, &self.layout)?)
             }
         }
     }

@@ -42,6 +42,8 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
     if engine.is_poisoned() {
         return Err(engine.refusal());
     }
+    // Its reads outside the writer look at redb itself: with every acknowledged record in it.
+    writer.settle()?;
     let mut report = CompactionReport::default();
     let due: Vec<Arc<Partition>> = writer
         .engine

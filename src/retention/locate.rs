@@ -11,6 +11,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::overlay::Slot;
 use crate::record::Record;
 use crate::retention::Rules;
 use crate::retention::horizon::{HORIZON, Horizon, decode_tags, row_until};
@@ -189,9 +190,10 @@ pub(crate) struct Partitioned<'a, R> {
     pub(crate) reader: &'a mut R,
 }
 
-/// Looks a key up in the partitions the index points at and in the in-flight table.
+/// Looks a key up in the partitions the index points at and in the in-flight table (read by
+/// `inflight`, only if the probe goes that far).
 pub(crate) fn find(
-    inflight: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    inflight: impl FnOnce() -> Result<Option<Record>, Error>,
     parts: Partitioned<'_, impl PartitionReader>,
     at: &Lookup<'_>,
     probe: Probe,
@@ -205,10 +207,45 @@ pub(crate) fn find(
             .as_ref()
             .is_none_or(|live| live.expires_at <= latest_write),
     };
-    if look_further && let Some(v) = inflight.get(at.key.as_bytes())? {
-        found.consider(crate::record::decode(v.value())?, at.now);
+    if look_further && let Some(rec) = inflight()? {
+        found.consider(rec, at.now);
     }
     Ok(found)
+}
+
+/// Reads a key from the in-flight table.
+pub(crate) fn inflight_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &RecordKey,
+) -> Result<Option<Record>, Error> {
+    get_in(table, key)
+}
+
+/// Record tables as the log says they are, over what redb holds: the overlay's values for one
+/// key (overlay.rs), then a batch's own writes, each newer than the one before.
+pub(crate) struct Layered<'a, R> {
+    /// The newest value per table last: later slots win.
+    pub(crate) slots: &'a [Slot],
+    pub(crate) base: R,
+}
+
+/// The value `table` holds according to `slots` (the newest last), if one says: `Some(None)`
+/// when it holds nothing.
+pub(crate) fn newest<'s>(slots: &'s [Slot], table: &str) -> Option<Option<&'s [u8]>> {
+    slots
+        .iter()
+        .rev()
+        .find(|s| &*s.table == table)
+        .map(|s| s.value.as_deref())
+}
+
+impl<R: PartitionReader> PartitionReader for Layered<'_, R> {
+    fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error> {
+        match newest(self.slots, &part.table) {
+            Some(v) => v.map(crate::record::decode).transpose(),
+            None => self.base.get(part, key),
+        }
+    }
 }
 
 fn in_partitions(

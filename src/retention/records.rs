@@ -5,33 +5,63 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::sync::Arc;
 
 use redb::{ReadableTable, Table, TableHandle, WriteTransaction};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::overlay::{Slot, Written};
 use crate::record::{Record, RecordState};
 use crate::retention::horizon::tag;
 use crate::retention::locate::{
-    Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in,
+    Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in, inflight_in,
 };
 use crate::retention::partition::{Partition, PartitionId, PartitionName};
 use crate::scope::RecordKey;
+use crate::snapshot::Snapshots;
 use crate::wal::Effect;
 
 type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
-/// The record tables of one write transaction: the in-flight table, and the partitions it
-/// opened so far (opening a table costs several µs, once per transaction).
+/// The record tables as one transaction of the writer (or the format upgrade) reads and writes
+/// them.
 ///
 /// Invariant: a key has at most one live record, in the in-flight table or in a partition.
 pub(crate) struct Records<'t> {
-    inflight: Table2<'t>,
-    parts: OpenParts<'t>,
+    base: Base<'t>,
     pub(crate) layout: &'t Layout,
+    /// The in-flight table's name, shared by the slots that name it.
+    inflight_name: Arc<str>,
     created: Created,
     /// Every write, as post-images for the log (wal/).
     effects: Vec<Effect>,
+}
+
+enum Base<'t> {
+    /// Writes go into a write transaction's tables (the format upgrade).
+    Txn {
+        inflight: Table2<'t>,
+        parts: OpenParts<'t>,
+    },
+    /// The writer: reads the snapshot under the overlay and the batch's earlier writes, and
+    /// writes only into `mine` and the effects. The log makes them durable; the applier writes
+    /// them into redb later (overlay.rs).
+    Deferred {
+        snapshots: &'t Snapshots,
+        earlier: &'t Written,
+        mine: Written,
+    },
+}
+
+/// What a finished transaction of the record store leaves.
+pub(crate) struct Finished {
+    /// The partitions it added to the catalog: forgotten unless it commits.
+    pub(crate) created: Created,
+    /// Every write, in order, as post-images.
+    pub(crate) effects: Vec<Effect>,
+    /// Its writes, newest per (table, key); empty for a transaction's store.
+    pub(crate) written: Written,
 }
 
 /// The partitions a write transaction added to the catalog: forgotten unless it commits.
@@ -65,39 +95,140 @@ impl PartitionReader for OpenParts<'_> {
 }
 
 impl<'t> Records<'t> {
+    /// The record tables of `txn`, written into directly.
     pub(crate) fn open(txn: &'t WriteTransaction, layout: &'t Layout) -> Result<Self, Error> {
-        Ok(Records {
-            inflight: txn.open_table(INFLIGHT)?,
-            parts: OpenParts {
-                txn,
-                open: HashMap::new(),
+        Ok(Records::with(
+            Base::Txn {
+                inflight: txn.open_table(INFLIGHT)?,
+                parts: OpenParts {
+                    txn,
+                    open: HashMap::new(),
+                },
             },
             layout,
-            created: Created::default(),
-            effects: Vec::new(),
-        })
+        ))
     }
 
-    /// The partitions this transaction added to the catalog, and how many of them were
-    /// created behind a newer one: the first must be forgotten unless it commits. And every
-    /// write it made, in order, as post-images.
-    pub(crate) fn finish(self) -> (Created, Vec<Effect>) {
-        (self.created, self.effects)
+    /// The writer's record store: the overlay and `earlier` (the batch's committed
+    /// transactions) over the snapshot, written into memory only.
+    pub(crate) fn deferred(
+        snapshots: &'t Snapshots,
+        layout: &'t Layout,
+        earlier: &'t Written,
+    ) -> Self {
+        Records::with(
+            Base::Deferred {
+                snapshots,
+                earlier,
+                mine: Written::default(),
+            },
+            layout,
+        )
+    }
+
+    fn with(base: Base<'t>, layout: &'t Layout) -> Self {
+        Records {
+            base,
+            layout,
+            inflight_name: Arc::from(INFLIGHT.name()),
+            created: Created::default(),
+            effects: Vec::new(),
+        }
+    }
+
+    pub(crate) fn finish(self) -> Finished {
+        Finished {
+            created: self.created,
+            effects: self.effects,
+            written: match self.base {
+                Base::Deferred { mine, .. } => mine,
+                Base::Txn { .. } => Written::default(),
+            },
+        }
+    }
+
+    /// The overlay's values for `key`, then the batch's, then this transaction's: the newest
+    /// last.
+    fn slots(
+        snapshots: &Snapshots,
+        earlier: &Written,
+        mine: &Written,
+        key: &[u8],
+        hash: u64,
+    ) -> Vec<Slot> {
+        let mut slots = snapshots.overlay.lookup(key, hash);
+        slots.extend_from_slice(earlier.get(key));
+        slots.extend_from_slice(mine.get(key));
+        slots
     }
 
     pub(crate) fn find(&mut self, key: &RecordKey, hash: u64, now: u64) -> Result<Found, Error> {
-        let catalog = self.layout.partitions.catalog();
-        let parts = Partitioned {
-            catalog: &catalog,
-            index: &self.layout.index,
-            reader: &mut self.parts,
-        };
-        find(
-            &self.inflight,
-            parts,
-            &Lookup { key, hash, now },
-            Probe::All,
-        )
+        let at = Lookup { key, hash, now };
+        match &mut self.base {
+            Base::Txn { inflight, parts } => {
+                let catalog = self.layout.partitions.catalog();
+                let parts = Partitioned {
+                    catalog: &catalog,
+                    index: &self.layout.index,
+                    reader: parts,
+                };
+                find(|| inflight_in(&*inflight, key), parts, &at, Probe::All)
+            }
+            Base::Deferred {
+                snapshots,
+                earlier,
+                mine,
+            } => {
+                let slots = Self::slots(snapshots, earlier, mine, key.as_bytes(), hash);
+                snapshots.find_under(&at, &slots)
+            }
+        }
+    }
+
+    /// Writes `value` to the in-flight table (`None`: removes it). Says whether it held one.
+    fn write_inflight(
+        &mut self,
+        key: &RecordKey,
+        hash: u64,
+        value: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        match &mut self.base {
+            Base::Txn { inflight, .. } => Ok(match value {
+                Some(v) => inflight.insert(key.as_bytes(), v)?.is_some(),
+                None => inflight.remove(key.as_bytes())?.is_some(),
+            }),
+            Base::Deferred {
+                snapshots,
+                earlier,
+                mine,
+            } => {
+                let slots = Self::slots(snapshots, earlier, mine, key.as_bytes(), hash);
+                let held = snapshots.in_flight_under(key, &slots)?;
+                mine.set(key.as_bytes(), &self.inflight_name, value.map(Arc::from));
+                Ok(held)
+            }
+        }
+    }
+
+    fn write_partition(
+        &mut self,
+        part: &Partition,
+        key: &RecordKey,
+        value: &[u8],
+    ) -> Result<(), Error> {
+        match &mut self.base {
+            Base::Txn { parts, .. } => {
+                parts.table(part)?.insert(key.as_bytes(), value)?;
+            }
+            Base::Deferred { mine, .. } => {
+                mine.set(
+                    key.as_bytes(),
+                    &Arc::from(part.table.as_str()),
+                    Some(Arc::from(value)),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Writes `rec` where its state belongs, setting its expiry: an IN_PROGRESS record to the
@@ -115,7 +246,7 @@ impl<'t> Records<'t> {
         rec.expires_at = rules.expires_at(rec, ttl);
         let value = rec.encode();
         if rec.state == RecordState::InProgress {
-            self.inflight.insert(key.as_bytes(), value.as_slice())?;
+            self.write_inflight(key, hash, Some(&value))?;
             self.effects.push(Effect::Put {
                 table: INFLIGHT.name().to_string(),
                 key: key.as_bytes().to_vec(),
@@ -136,15 +267,13 @@ impl<'t> Records<'t> {
             }
             // Before the write: the index must never miss a stored record.
             self.layout.index.insert(hash, part.id);
-            if self.inflight.remove(key.as_bytes())?.is_some() {
+            if self.write_inflight(key, hash, None)? {
                 self.effects.push(Effect::Remove {
                     table: INFLIGHT.name().to_string(),
                     key: key.as_bytes().to_vec(),
                 });
             }
-            self.parts
-                .table(&part)?
-                .insert(key.as_bytes(), value.as_slice())?;
+            self.write_partition(&part, key, &value)?;
             self.effects.push(Effect::Put {
                 table: part.table.clone(),
                 key: key.as_bytes().to_vec(),
@@ -161,10 +290,15 @@ impl<'t> Records<'t> {
             || (self.layout.rules.recognition() && self.layout.horizon.recognises(tag(hash), now))
     }
 
-    /// Every IN_PROGRESS record, for the format upgrade.
+    /// Every IN_PROGRESS record, for the format upgrade (a transaction's store only).
     pub(crate) fn in_flight(&self) -> Result<Vec<(RecordKey, Record)>, Error> {
+        let Base::Txn { inflight, .. } = &self.base else {
+            return Err(Error::Internal(
+                "in_flight() of the writer's record store".into(),
+            ));
+        };
         let mut out = Vec::new();
-        for entry in self.inflight.iter()? {
+        for entry in inflight.iter()? {
             let (k, v) = entry?;
             out.push((
                 RecordKey::from_stored(k.value()),
@@ -175,8 +309,8 @@ impl<'t> Records<'t> {
     }
 
     /// Removes an IN_PROGRESS record (release).
-    pub(crate) fn remove(&mut self, key: &RecordKey) -> Result<(), Error> {
-        self.inflight.remove(key.as_bytes())?;
+    pub(crate) fn remove(&mut self, key: &RecordKey, hash: u64) -> Result<(), Error> {
+        self.write_inflight(key, hash, None)?;
         self.effects.push(Effect::Remove {
             table: INFLIGHT.name().to_string(),
             key: key.as_bytes().to_vec(),

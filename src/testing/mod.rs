@@ -86,10 +86,9 @@ pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
     snapshots.refresh();
 }
 
-/// Runs `hook` once, on the writer's leader thread, right after the next commit of a
-/// transaction with a record key returned: that commit is visible to a read transaction of
-/// its own and not yet durable (its batch's durability point has not run), and it waits for
-/// `hook` to return.
+/// Runs `hook` once, on the writer's leader thread, when the next batch that changes a record
+/// reaches its durability point: applied, its transactions committed, its frame not yet
+/// written (it waits for `hook` to return).
 pub fn after_next_commit(db: &crate::IdemDb, hook: impl FnOnce() + Send + 'static) {
     *db.engine.durability.after_commit.lock() = Some(Box::new(hook));
 }

@@ -218,8 +218,9 @@ fn examine_in_use(seen: &Seen, state: LogState, c: u64) -> Option<LogProblem> {
         return Some(LogProblem::HeaderDamaged);
     }
     // The run reaches the checkpoint: the state a crash leaves between a checkpoint's commit
-    // and the rewrite of the cycle sector (no frame of the new cycle was written yet).
-    let reaches = seen.run.last().is_some_and(|f| f.seq == c);
+    // and the rewrite of the cycle sector, with the frames appended beside a checkpoint's
+    // first phase after it (writer/checkpoint.rs).
+    let reaches = seen.run.iter().any(|f| f.seq == c);
     match seen.cycle {
         // Written when the log was created, before the database recorded it: never zeros.
         Some(Cycle::Zero) | None => Some(LogProblem::Erased { checkpoint: c }),
@@ -320,9 +321,15 @@ mod tests {
         for c in [3, 7] {
             assert_eq!(problem(Some(&bytes), &in_use(c, 1024)), None, "{c}");
         }
-        // Frames past a checkpoint the cycle sector never announced: it was overwritten.
+        // A checkpoint whose commit ran beside batches 6 and 7 (its first phase), before the
+        // cycle sector was rewritten: the run passes through it, and 6 and 7 are replayed.
+        assert_eq!(problem(Some(&bytes), &in_use(5, 1024)), None);
+        assert_eq!(seqs(&seen(&bytes).run_above(5)), [6, 7]);
+        // Frames of a new cycle behind a cycle sector that never announced it (the run does
+        // not pass through the checkpoint): the sector was overwritten.
+        let newer = log_of(3, &[6, 7]);
         assert_eq!(
-            problem(Some(&bytes), &in_use(5, 1024)),
+            problem(Some(&newer), &in_use(5, 1024)),
             Some(LogProblem::HeaderDamaged)
         );
     }

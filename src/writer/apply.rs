@@ -8,9 +8,9 @@ use redb::{Durability, WriteTransaction};
 use crate::config::Limits;
 use crate::decide::{Decision, Replay, check_owner, decide, new_owner};
 use crate::engine::Engine;
-use crate::engine_tables::{META, NEXT_TOKEN_KEY};
 use crate::error::Error;
 use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use crate::overlay::Written;
 use crate::record::{Record, RecordState};
 use crate::retention::BeyondHorizonPolicy;
 use crate::retention::locate::Found;
@@ -91,44 +91,49 @@ impl Applied {
 
 /// One applied, not yet committed transaction of a batch.
 pub(super) struct Segment {
-    pub(super) txn: WriteTransaction,
+    /// Its redb transaction, for the caller tables its closure writes: only a segment that
+    /// runs caller code has one (its records are deferred like every other's).
+    pub(super) txn: Option<WriteTransaction>,
     pub(super) applied: Vec<Applied>,
-    /// The token ceiling this transaction writes, to take effect in memory once it commits.
-    pub(super) ceiling: Option<u64>,
     /// Partitions it added to the catalog.
     pub(super) created: Created,
     /// What it wrote, as post-images for the log.
     pub(super) effects: Vec<Effect>,
+    /// Its record writes, newest per (table, key): into the overlay once durable.
+    pub(super) written: Written,
     /// Every write is in `effects`: no closure wrote a table the log cannot replay.
     pub(super) logged: bool,
 }
 
-/// Opens a transaction and applies `ops` to it in queue order (I18: tokens of one batch
-/// increase in that order), leaving it uncommitted. It will
-/// commit with `Durability::None`: the log, or a durable commit after it, is its durability.
+/// Applies `ops` in queue order (I18: tokens of one batch increase in that order) over the
+/// snapshot, the overlay and `earlier` (what the batch's committed transactions wrote). Record
+/// writes stay in memory (`Segment::written`) until the batch is durable; a segment that runs
+/// caller code also opens a redb transaction for the caller's tables, left uncommitted: it
+/// commits with `Durability::None`, the log (or a durable commit after it) being its
+/// durability.
 pub(super) fn apply_segment(
     engine: &Engine,
     ops: Vec<WriteOp>,
     ctx: &mut Ctx<'_>,
-    (token_ceiling, token_block): (u64, u64),
+    earlier: &Written,
 ) -> Result<Segment, Error> {
-    let mut txn = engine.db.begin_write()?;
-    txn.set_durability(Durability::None)?;
-    let mut applied = Vec::with_capacity(ops.len());
-    let (created, mut effects) = {
-        let mut records = Records::open(&txn, &engine.layout)?;
-        for op in ops {
-            applied.push(apply(op, &txn, &mut records, ctx));
-        }
-        records.finish()
-    };
-    let commits = applied.iter().any(|a| a.changed) && !applied.iter().any(|a| a.abort);
-    let ceiling = if commits {
-        raise_token_ceiling(&txn, *ctx.next_token, token_ceiling, token_block)?
+    let txn = if ops.iter().any(WriteOp::runs_closure) {
+        let mut txn = engine.db.begin_write()?;
+        txn.set_durability(Durability::None)?;
+        Some(txn)
     } else {
         None
     };
-    let mut logged = ceiling.is_none();
+    let mut applied = Vec::with_capacity(ops.len());
+    let finished = {
+        let mut records = Records::deferred(&engine.snapshots, &engine.layout, earlier);
+        for op in ops {
+            applied.push(apply(op, txn.as_ref(), &mut records, ctx));
+        }
+        records.finish()
+    };
+    let mut effects = finished.effects;
+    let mut logged = true;
     for a in &mut applied {
         logged &= !a.business.unlogged;
         effects.append(&mut a.business.effects);
@@ -136,37 +141,16 @@ pub(super) fn apply_segment(
     Ok(Segment {
         txn,
         applied,
-        ceiling,
-        created,
+        created: finished.created,
         effects,
+        written: finished.written,
         logged,
     })
 }
 
-/// I7: every token in a committed record is below a ceiling committed with it or before it.
-/// When the transaction's acquisitions reached `ceiling`, it writes `next_token + block` as
-/// the new one (returned, to take effect in memory once it commits, I19). A raised ceiling is
-/// not logged: the batch takes a durable commit (`Writer::durability_point`), so that the
-/// database file alone bounds every token ever issued, whatever happens to the log. Tokens
-/// of an acquisition that rolls back are skipped, never exposed.
-fn raise_token_ceiling(
-    txn: &WriteTransaction,
-    next_token: u64,
-    ceiling: u64,
-    block: u64,
-) -> Result<Option<u64>, Error> {
-    if next_token <= ceiling {
-        return Ok(None);
-    }
-    let raised = next_token.saturating_add(block);
-    txn.open_table(META)?
-        .insert(NEXT_TOKEN_KEY, &raised.to_le_bytes()[..])?;
-    Ok(Some(raised))
-}
-
 pub(crate) fn apply(
     op: WriteOp,
-    txn: &WriteTransaction,
+    txn: Option<&WriteTransaction>,
     records: &mut Records<'_>,
     ctx: &mut Ctx<'_>,
 ) -> Applied {
@@ -188,13 +172,18 @@ enum Stop {
 
 fn try_apply(
     op: WriteOp,
-    txn: &WriteTransaction,
+    txn: Option<&WriteTransaction>,
     records: &mut Records<'_>,
     ctx: &mut Ctx<'_>,
 ) -> Result<Applied, Stop> {
     let now = ctx.now_ms;
+    // Only a segment of one op that runs caller code has a transaction (apply_segment).
+    let with_txn = || {
+        txn.ok_or_else(|| Stop::Abort(Error::Internal("caller code without a transaction".into())))
+    };
     let (key, op) = match op {
         WriteOp::Run { body } => {
+            let txn = with_txn()?;
             let mut tx = Tx::new(txn, ctx.tables, now, false);
             return Ok(match run_closure(|| body(&mut tx)) {
                 Ok(()) => Applied::changed(OpOutput::Ran).wrote(tx.into_log()),
@@ -258,7 +247,7 @@ fn try_apply(
             };
             let mut wrote = BusinessLog::default();
             if let Some(business) = business {
-                let mut tx = Tx::new(txn, ctx.tables, now, false);
+                let mut tx = Tx::new(with_txn()?, ctx.tables, now, false);
                 match run_closure(|| business(&mut tx)) {
                     Ok(()) => wrote = tx.into_log(),
                     Err(failed) => return Ok(Applied::aborted(Ok(failed))),
@@ -274,7 +263,7 @@ fn try_apply(
             if let Err(e) = check_owner(found.live, token) {
                 return Ok(Applied::answer(Err(e.into())));
             }
-            records.remove(&key).map_err(Stop::Abort)?;
+            records.remove(&key, hash).map_err(Stop::Abort)?;
             Ok(Applied::changed(OpOutput::Done))
         }
         RecordOp::Extend { token, lease_ms } => {
@@ -306,7 +295,7 @@ fn try_apply(
                     takeover,
                 } => (rec, beyond, takeover),
             };
-            let mut tx = Tx::new(txn, ctx.tables, now, beyond);
+            let mut tx = Tx::new(with_txn()?, ctx.tables, now, beyond);
             let outcome = match run_closure(|| body(&mut tx)) {
                 Ok(outcome) => outcome,
                 Err(failed) => return Ok(Applied::aborted(Ok(failed))),

@@ -118,24 +118,11 @@ impl Writer {
     }
 
     /// The committer thread's loop: leads for async callers, and for everyone while ops keep
-    /// queuing, until shutdown; then drains.
+    /// queuing, until shutdown; then drains. (Checkpoints are the applier thread's.)
     pub(crate) fn run_committer(&self) {
-        let interval = self.config.checkpoint_interval;
         let mut queue = self.queue.lock();
-        let mut next_checkpoint = Instant::now() + interval;
         let mut led_async = false;
         loop {
-            // Checkpoints first: under a steady load this thread leads batch after batch, and
-            // a checkpoint due by age must not wait for the load to stop.
-            if std::mem::take(&mut queue.checkpoint_requested) || Instant::now() >= next_checkpoint
-            {
-                drop(queue);
-                // A failure poisoned the writer: later writes are refused with it.
-                let _ = self.checkpoint();
-                next_checkpoint = Instant::now() + interval;
-                queue = self.queue.lock();
-                continue;
-            }
             if std::mem::take(&mut queue.committer_requested) {
                 self.committer_wanted.store(false, Ordering::Relaxed);
                 drop(queue);
@@ -152,7 +139,7 @@ impl Writer {
                 queue = self.queue.lock();
                 continue;
             }
-            self.committer.wait_until(&mut queue, next_checkpoint);
+            self.committer.wait(&mut queue);
         }
     }
 

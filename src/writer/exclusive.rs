@@ -30,7 +30,17 @@ impl Writer {
                 other => other,
             }
         };
+        // Before redb's write lock (lock order: leader, apply, redb's writer).
+        let _applying = self.apply_lock.lock();
         let txn = self.begin_durable().map_err(fail)?;
+        // `f` sees every record, the overlay's too, and a table it drops stays dropped.
+        let taken = match self.write_overlay(&txn, None) {
+            Ok(taken) => taken,
+            Err(e) => {
+                let _ = txn.abort();
+                return Err(fail(e));
+            }
+        };
         let out = match f(&txn) {
             Ok(out) => out,
             Err(e) => {
@@ -43,7 +53,7 @@ impl Writer {
             }
         };
         // A durable commit covers every frame: it is a checkpoint.
-        self.commit_as_checkpoint(txn, &mut leader, true)
+        self.commit_written_as_checkpoint(txn, &mut leader, (true, 0), &taken)
             .map_err(fail)?;
         publish(&out);
         engine.snapshots.refresh();

@@ -14,12 +14,14 @@
 //! is one frame of their effects in the log (wal/), or, when a closure wrote a table the log
 //! cannot replay, one durable redb commit. Nobody is answered before it returns.
 
+mod applier;
 mod apply;
 mod checkpoint;
 mod committer;
 mod exclusive;
 pub(crate) mod op;
 mod queue;
+mod settle;
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -33,6 +35,7 @@ use crate::config::WriterConfig;
 use crate::engine::Engine;
 use crate::error::{CommitFailed, Error};
 use crate::observe::write_span;
+use crate::overlay::Written;
 use crate::reentry::Committing;
 use crate::retention::records::Created;
 use crate::scope::RecordKey;
@@ -54,11 +57,27 @@ pub(crate) struct Writer {
     room: Condvar,
     /// Held by the leader for the whole batch.
     leader: Mutex<LeaderState>,
+    /// Held by whoever writes the overlay into redb (settle.rs), from taking its entries until
+    /// it forgot them: one pass at a time, so no pass writes an older value after a newer
+    /// one. Taken after `leader`, never before it.
+    apply_lock: Mutex<()>,
+    /// The applier thread (applier.rs) and its wake-up.
+    applier: Mutex<ApplierThread>,
+    apply_wake: Condvar,
     /// Itself, for the committer thread it starts.
     this: Weak<Writer>,
     /// Mirrors `Queue::committer_requested` so the committer thread can spin on it without
     /// the queue's lock.
     committer_wanted: AtomicBool,
+}
+
+/// The applier thread's handle and its stop flag (applier.rs).
+#[derive(Default)]
+struct ApplierThread {
+    stop: bool,
+    /// A checkpoint by size is wanted.
+    checkpoint_requested: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 pub(super) struct LeaderState {
@@ -91,11 +110,17 @@ impl Writer {
                 batch_seq: 0,
                 log,
             }),
+            apply_lock: Mutex::new(()),
+            applier: Mutex::new(ApplierThread::default()),
+            apply_wake: Condvar::new(),
             this: this.clone(),
             committer_wanted: AtomicBool::new(false),
         });
         if !lazy {
             writer.ensure_committer(&mut writer.queue.lock())?;
+        }
+        if writer.config.applier {
+            writer.start_applier();
         }
         Ok(writer)
     }
@@ -261,6 +286,12 @@ impl Writer {
             return (0..n).map(|_| Err(engine.refusal())).collect();
         }
         let mut guard = self.leader.lock();
+        // Again under the lock: a checkpoint or compaction step that failed while this batch
+        // waited for it poisoned the engine, and no frame may follow a failed commit. (Plain
+        // batches never touch redb, so redb's own refusal would not stop them.)
+        if engine.is_poisoned() {
+            return (0..n).map(|_| Err(engine.refusal())).collect();
+        }
         let leader = &mut *guard;
         leader.batch_seq += 1;
         let seq = leader.batch_seq;
@@ -268,6 +299,14 @@ impl Writer {
         engine.layout.note_write_time(now_ms);
         let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
         let closures: Vec<bool> = batch.iter().map(|j| j.op.runs_closure()).collect();
+        // I7: each op acquires at most one token, and every token issued is below a ceiling
+        // already durable in the database file: raised first, by a checkpoint, if need be.
+        let need = n as u64;
+        if leader.next_token.saturating_add(need) > leader.token_ceiling
+            && let Err(e) = self.checkpoint_raising(leader, need)
+        {
+            return self.fail_batch(e, n);
+        }
         let mut ops = batch.into_iter().map(|j| j.op);
         let mut done = Committed::with_capacity(n);
         for range in segments(&closures) {
@@ -277,18 +316,41 @@ impl Writer {
                 return self.fail_batch(e, n);
             }
         }
+        // Everything of the batch before its frame's write is done: nobody may see it yet.
+        #[cfg(feature = "test-hooks")]
+        if keys
+            .iter()
+            .zip(&done.changed)
+            .any(|(k, c)| *c && k.is_some())
+        {
+            done.run_test_hook = true;
+        }
         if done.any
-            && let Err(e) = self.durability_point(leader, &done.effects, done.logged)
+            && let Err(e) = self.durability_point(leader, &done)
         {
             return self.fail_batch(e, n);
         }
-        self.checkpoint_if_far_behind(leader);
-        let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
         // Only now, after the durability point (I13): readers, marks, waiters.
         if done.any {
-            // Before anyone is answered or woken: see snapshot.rs. The replay cache after the
-            // snapshot, so that a fill read from an older snapshot is refused.
+            // Before anyone is answered or woken (I13): readers find the batch's records in the
+            // overlay from now on. And before any checkpoint: one taken now records this
+            // batch's frame as covered, so it must write these records too (I21).
+            let index = &engine.layout.index;
+            engine
+                .snapshots
+                .overlay
+                .install_all(&done.written, seq, |k| index.hash(k));
+        }
+        self.checkpoint_if_far_behind(leader);
+        if done.redb_changed {
+            // The snapshot's read transaction would otherwise pin the pages these commits
+            // freed until the applier's next pass: redb's accounting of pages freed while
+            // unpersisted then grows with every commit (execute_64 ran at a third of its rate).
             engine.snapshots.refresh();
+        }
+        let wants_checkpoint = leader.log.bytes_since_checkpoint() >= self.config.checkpoint_bytes;
+        if done.any {
+            // The replay cache after the overlay, so that a fill read before is refused.
             for (key, _) in keys.iter().zip(&done.changed).filter(|(_, c)| **c) {
                 if let Some(key) = key {
                     engine
@@ -332,8 +394,7 @@ impl Writer {
             limits: &engine.limits,
             tables: &engine.tables,
         };
-        let ceiling = (leader.token_ceiling, self.config.token_block);
-        let segment = apply_segment(engine, ops, &mut ctx, ceiling)?;
+        let segment = apply_segment(engine, ops, &mut ctx, &done.written)?;
         let rollback = segment
             .applied
             .iter()
@@ -344,13 +405,17 @@ impl Writer {
             });
         // A transaction that changed nothing is not worth a commit.
         let commits = rollback.is_none() && segment.applied.iter().any(|a| a.changed);
-        if commits {
-            mark_then_commit(engine, segment.txn, keys, seq)?;
-        } else {
-            segment.txn.abort().map_err(Error::from)?;
+        match segment.txn {
+            Some(txn) if commits => {
+                mark_then_commit(engine, txn, keys, seq)?;
+                done.redb_changed = true;
+            }
+            Some(txn) => txn.abort().map_err(Error::from)?,
+            None => {}
         }
-        self.follow_commit(leader, commits, segment.ceiling, segment.created);
+        self.follow_commit(commits, segment.created);
         if commits {
+            done.written.absorb(segment.written);
             done.effects.extend(segment.effects);
             done.logged &= segment.logged;
             done.any = true;
@@ -373,20 +438,11 @@ impl Writer {
     }
 
     /// I19: in-memory state moves only with the commit that makes it durable. After a commit,
-    /// the token ceiling it wrote takes effect and the partitions it made behind a newer one
-    /// are counted; after a rollback, the partitions it placed in the catalog are forgotten.
-    fn follow_commit(
-        &self,
-        leader: &mut LeaderState,
-        committed: bool,
-        ceiling: Option<u64>,
-        created: Created,
-    ) {
+    /// the partitions it made behind a newer one are counted; after a rollback, the partitions
+    /// it placed in the catalog are forgotten.
+    fn follow_commit(&self, committed: bool, created: Created) {
         let engine = &*self.engine;
         if committed {
-            if let Some(c) = ceiling {
-                leader.token_ceiling = c;
-            }
             engine
                 .stats
                 .add_n(Counter::ClockBehind, created.behind_newest);
@@ -398,26 +454,26 @@ impl Writer {
     }
 
     /// I13: the batch's durability point, before which nobody is answered. One log append
-    /// and `fdatasync` of `effects`, or one durable commit that covers the batch and every
-    /// frame before it (a checkpoint): when a closure wrote a table the log cannot replay
-    /// (`logged` false), the frame would be over 1 GiB, the log had to grow for it (the
-    /// commit records the new length), or the batch raised the token ceiling (the database
-    /// file alone bounds every token).
-    fn durability_point(
-        &self,
-        leader: &mut LeaderState,
-        effects: &[Effect],
-        logged: bool,
-    ) -> Result<(), Error> {
-        let appended = if logged && crate::wal::fits(effects) {
-            leader.log.append(effects)?
+    /// and `fdatasync` of its effects, or one durable commit that writes its records and
+    /// covers every frame before it (a checkpoint): when a closure wrote a table the log
+    /// cannot replay, the frame would be over 1 GiB, or the log had to grow for it (the
+    /// commit records the new length).
+    fn durability_point(&self, leader: &mut LeaderState, done: &Committed) -> Result<(), Error> {
+        #[cfg(feature = "test-hooks")]
+        if done.run_test_hook
+            && let Some(hook) = self.engine.durability.after_commit.lock().take()
+        {
+            hook();
+        }
+        let appended = if done.logged && crate::wal::fits(&done.effects) {
+            leader.log.append(&done.effects)?
         } else {
             false
         };
         if appended {
             Ok(())
         } else {
-            self.durable_commit(leader)
+            self.durable_commit_with(leader, Some(&done.written))
         }
     }
 
@@ -480,10 +536,17 @@ struct Committed {
     changed: Vec<bool>,
     /// What the committed transactions wrote, for the log.
     effects: Vec<Effect>,
+    /// Their record writes, newest per (table, key): into the overlay once durable.
+    written: Written,
     /// Every write is in `effects`.
     logged: bool,
     /// Some transaction committed: the batch needs a durability point.
     any: bool,
+    /// A closure's redb transaction committed.
+    redb_changed: bool,
+    /// `testing::after_next_commit`'s hook runs at this batch's durability point.
+    #[cfg(feature = "test-hooks")]
+    run_test_hook: bool,
 }
 
 impl Committed {
@@ -492,8 +555,12 @@ impl Committed {
             results: Vec::with_capacity(n),
             changed: Vec::with_capacity(n),
             effects: Vec::new(),
+            written: Written::default(),
             logged: true,
             any: false,
+            redb_changed: false,
+            #[cfg(feature = "test-hooks")]
+            run_test_hook: false,
         }
     }
 }
@@ -509,12 +576,6 @@ fn mark_then_commit(
 ) -> Result<(), Error> {
     engine.durability.mark(keys.iter().flatten(), seq);
     txn.commit().map_err(Error::from)?;
-    #[cfg(feature = "test-hooks")]
-    if keys.iter().any(Option::is_some)
-        && let Some(hook) = engine.durability.after_commit.lock().take()
-    {
-        hook();
-    }
     Ok(())
 }
 

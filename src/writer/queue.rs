@@ -24,8 +24,6 @@ pub(crate) struct Queue {
     pub(super) leader_active: bool,
     /// The committer thread should lead the next batch.
     pub(super) committer_requested: bool,
-    /// The committer thread should take a checkpoint (the log is past its size).
-    pub(super) checkpoint_requested: bool,
     pub(super) shutdown: bool,
     /// The committer thread, once started (at open, or when first needed).
     pub(super) committer: Option<std::thread::JoinHandle<()>>,

@@ -620,32 +620,32 @@ fn a_read_transaction_waits_for_the_log_frame_that_covers_what_it_shows() {
     assert_eq!(reader.join().unwrap().unwrap(), Some(1));
 }
 
-/// I14: a key is marked before its commit becomes visible, not after. A reader on the
-/// fallback path that starts while the commit is visible and its durability point has not
-/// run waits for that point instead of answering from the commit.
+/// I13: a batch's records are visible to nobody before its durability point: a reader on the
+/// fallback path (a read transaction of its own) that reads while the completion is applied and
+/// not yet durable answers the record as it was before, never the completion.
 #[test]
-fn a_commit_is_marked_before_the_fallback_read_path_can_see_it() {
+fn a_batch_is_invisible_on_the_fallback_read_path_before_its_durability_point() {
     let backend = FaultBackend::new();
     let (db, r) = on_the_fallback_path_with_k1(&backend);
     let (sent, seen) = std::sync::mpsc::channel();
     let reader = Arc::clone(&db);
     idemdb::testing::after_next_commit(&db, move || {
-        // The completion is visible and not yet durable: this thread leads its batch.
-        let getter = thread::spawn(move || reader.get(&scope(), &Key::new("k1")));
-        settle();
-        let answered_early = getter.is_finished();
-        sent.send((answered_early, getter)).unwrap();
+        // The completion is applied and not yet durable: this thread leads its batch.
+        let seen_then = reader.get(&scope(), &Key::new("k1"));
+        sent.send(seen_then).unwrap();
     });
     db.complete(&r, b"done".to_vec()).unwrap();
-    let (answered_early, getter) = seen.recv_timeout(WAIT).unwrap();
-    assert!(
-        !answered_early,
-        "get answered from a commit whose durability point had not run"
+    let seen_then = seen
+        .recv_timeout(WAIT)
+        .unwrap()
+        .unwrap()
+        .expect("the reserved record");
+    assert_eq!(
+        seen_then.state,
+        idemdb::RecordState::InProgress,
+        "{seen_then:?}"
     );
-    let record = getter
-        .join()
-        .unwrap()
-        .unwrap()
-        .expect("the completed record");
+    assert!(seen_then.response.is_empty());
+    let record = db.get(&scope(), &Key::new("k1")).unwrap().unwrap();
     assert_eq!(record.response, b"done");
 }

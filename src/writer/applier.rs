@@ -1,0 +1,69 @@
+//! The applier thread: writes the overlay into redb every few milliseconds (settle.rs), and
+//! takes the checkpoints due by age or asked for by size (checkpoint.rs), all off the batches'
+//! critical path and off the committer thread, which leads them. Nothing depends on it for
+//! correctness: every checkpoint writes whatever the overlay still holds, and a leader takes
+//! a checkpoint itself once the log holds twice `checkpoint_bytes`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::APPLY_INTERVAL;
+use crate::writer::Writer;
+
+impl Writer {
+    /// Starts the applier thread. Without it (it could not be spawned), checkpoints write the
+    /// overlay alone.
+    pub(super) fn start_applier(&self) {
+        let Some(writer) = self.this.upgrade() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("idemdb-applier".into())
+            .spawn(move || writer.run_applier(APPLY_INTERVAL));
+        if let Ok(thread) = spawned {
+            self.applier.lock().thread = Some(thread);
+        }
+    }
+
+    /// Every `interval`: a checkpoint when one is due (by age, or asked for by size), else a
+    /// pass that writes the overlay into redb.
+    fn run_applier(self: Arc<Self>, interval: Duration) {
+        let every = self.config.checkpoint_interval;
+        let mut next_checkpoint = Instant::now() + every;
+        let mut state = self.applier.lock();
+        loop {
+            if !state.checkpoint_requested {
+                let wake = next_checkpoint.min(Instant::now() + interval);
+                self.apply_wake.wait_until(&mut state, wake);
+            }
+            if state.stop {
+                return;
+            }
+            let due = std::mem::take(&mut state.checkpoint_requested)
+                || Instant::now() >= next_checkpoint;
+            drop(state);
+            // A failure poisoned the engine: later passes do nothing.
+            if due {
+                let _ = self.checkpoint();
+                next_checkpoint = Instant::now() + every;
+            } else {
+                let _ = self.settle();
+            }
+            state = self.applier.lock();
+        }
+    }
+
+    /// Stops the applier thread and waits for it: at close, before the last checkpoint.
+    pub(crate) fn stop_applier(&self) {
+        let thread = {
+            let mut state = self.applier.lock();
+            state.stop = true;
+            self.apply_wake.notify_one();
+            state.thread.take()
+        };
+        if let Some(t) = thread {
+            // A panic in it would have been in redb or here; the checkpoint at close follows.
+            let _ = t.join();
+        }
+    }
+}
