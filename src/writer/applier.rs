@@ -32,6 +32,11 @@ impl Writer {
         let mut next_checkpoint = Instant::now() + every;
         let mut state = self.applier.lock();
         loop {
+            // Before waiting too: a stop asked for before this thread first took the lock
+            // notified nobody (a database closed right after its open).
+            if state.stop {
+                return;
+            }
             if !state.checkpoint_requested {
                 let wake = next_checkpoint.min(Instant::now() + interval);
                 self.apply_wake.wait_until(&mut state, wake);

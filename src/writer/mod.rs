@@ -8,11 +8,14 @@
 //! the committer thread leads batch after batch, each whatever arrived while the previous one
 //! was made durable.
 //!
-//! Within a batch, ops without closures share a transaction; each op that runs caller code
-//! gets a transaction of its own so its failure undoes only its writes. Every transaction
-//! commits with `Durability::None` (visible, not yet on disk); the batch's durability point
-//! is one frame of their effects in the log (wal/), or, when a closure wrote a table the log
-//! cannot replay, one durable redb commit. Nobody is answered before it returns.
+//! Within a batch, runs of ops without closures share a segment; each op that runs caller
+//! code gets a segment of its own so its failure undoes only its writes. Records are written
+//! into memory only, over the overlay (overlay.rs); a closure's segment also has a redb
+//! transaction for the caller's tables, committed with `Durability::None` (visible, not yet on
+//! disk). The batch's durability point is one frame of its effects in the log (wal/), or, when
+//! a closure wrote a table the log cannot replay, one durable redb commit. Nobody is answered,
+//! and no record of the batch is installed in the overlay, before it returns; the applier
+//! thread writes the overlay into redb later (applier.rs, settle.rs).
 
 mod applier;
 mod apply;
