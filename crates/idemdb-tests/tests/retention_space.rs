@@ -1,5 +1,12 @@
 //! Space: dropped partitions' pages are reused, so repeated fill-and-expire cycles of the same
-//! size do not grow the file beyond the first cycle's size + 10%.
+//! size keep the file level instead of growing by a cycle's worth each time.
+//!
+//! The file is the high-water mark of live pages plus pages freed but not yet reusable (a page
+//! is reused only after a durable commit frees it). How many of those there are at a fill's
+//! peak depends on where the applier's checkpoints fall in it, so the file may take one more of
+//! redb's growth steps in a later cycle than in the first (measured: up to 2.0x the first
+//! fill's size, once, then level). Without reuse, CYCLES cycles would need CYCLES times the
+//! first fill's pages.
 //!
 //! One caller fills, so that every cycle commits the same batches: with concurrent callers the
 //! batches (and so redb's page allocation and the file's growth steps) differ from run to run,
@@ -15,7 +22,9 @@ use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, Scope};
 
 const THREADS: usize = 1;
 const PER_THREAD: usize = 3_000;
-const CYCLES: usize = 5;
+const CYCLES: usize = 8;
+/// One growth step of redb's, with room: see the module's comment.
+const HIGH_WATER: f64 = 2.25;
 
 fn fill(db: &Arc<idemdb::IdemDb>, cycle: usize) {
     let threads: Vec<_> = (0..THREADS)
@@ -69,7 +78,7 @@ fn fill_and_expire_cycles_reuse_the_space() {
     let first = sizes[0];
     for (cycle, size) in sizes.iter().enumerate() {
         assert!(
-            *size as f64 <= first as f64 * 1.10,
+            *size as f64 <= first as f64 * HIGH_WATER,
             "cycle {cycle}: {size} bytes against {first} after the first fill ({sizes:?})"
         );
     }
