@@ -103,7 +103,7 @@ impl Builder {
         self
     }
 
-    /// Take a checkpoint once log frames are this old (default 1 s; at least 1 ms). Bounds
+    /// Take a checkpoint once log frames are this old (default 5 s; at least 1 ms). Bounds
     /// what recovery replays after a crash, and the cost of each checkpoint.
     pub fn checkpoint_interval(mut self, interval: std::time::Duration) -> Self {
         self.writer.checkpoint_interval = interval.max(std::time::Duration::from_millis(1));
@@ -122,7 +122,7 @@ impl Builder {
     }
 
     /// Test support (feature `test-hooks`): how many tokens each raise of the durable
-    /// token ceiling reserves (default 65,536; at least 1). A small block makes every few
+    /// token ceiling reserves (default 1,048,576; at least 1). A small block makes every few
     /// acquisitions raise it, so that crash tests exercise that path (docs/design.md §7).
     #[cfg(feature = "test-hooks")]
     pub fn token_block(mut self, tokens: u64) -> Self {

@@ -38,8 +38,11 @@ pub(crate) struct WriterConfig {
 /// above every token issued, raised by a block when issued tokens reach it (by a batch, which
 /// then ends with a durable commit), when they come within half a block of it (by a
 /// checkpoint), and at every open, so most batches do neither. After a reopen, tokens resume
-/// at the ceiling; up to this many are skipped, never reused.
-pub(crate) const TOKEN_BLOCK: u64 = 1 << 16;
+/// at the ceiling; up to this many are skipped, never reused. Half a block lasts the default
+/// `checkpoint_interval` (5 s) at 100,000 acquisitions/s, so the applier's checkpoints keep it
+/// ahead and no batch raises it itself: that raise is a durable commit under the leader lock,
+/// which every caller waits for (issue 24).
+pub(crate) const TOKEN_BLOCK: u64 = 1 << 20;
 /// How long the committer thread spins for the next async op after a batch that held one
 /// (default; [`Builder::committer_spin`](crate::Builder::committer_spin)).
 pub(crate) const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
@@ -59,7 +62,7 @@ impl Default for WriterConfig {
             max_queue: 4096,
             quick_repair: false,
             checkpoint_bytes: 16 << 20,
-            checkpoint_interval: std::time::Duration::from_secs(1),
+            checkpoint_interval: std::time::Duration::from_secs(5),
             token_block: TOKEN_BLOCK,
             log_step: GROW_STEP,
             lazy_committer: false,
@@ -73,3 +76,10 @@ impl Default for WriterConfig {
 /// that a checkpoint finds little left, seldom enough that each pass's commit is shared by
 /// many records.
 pub(crate) const APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How far the applier thread lowers its priority (Linux; added to the nice value it inherits
+/// from the thread that opened the database, at most 19): low enough that a caller waking from its
+/// `fdatasync` preempts it, high enough that CPU-bound work elsewhere does not starve it while
+/// it holds redb's write lock (design.md §5.7, "Its priority").
+#[cfg(target_os = "linux")]
+pub(crate) const APPLIER_NICE: i32 = 5;

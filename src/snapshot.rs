@@ -142,6 +142,9 @@ pub(crate) struct Snapshots {
     /// Tests make every refresh fail, to exercise the fallback (testing::fail_snapshot_refresh).
     #[cfg(feature = "test-hooks")]
     pub(crate) fail_refresh: std::sync::atomic::AtomicBool,
+    /// Tests run this at the start of the next refresh (testing::before_next_refresh).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) before_refresh: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Snapshots {
@@ -154,6 +157,8 @@ impl Snapshots {
             refreshing: parking_lot::Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             fail_refresh: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            before_refresh: parking_lot::Mutex::new(None),
         };
         snapshots.refresh();
         snapshots
@@ -162,6 +167,10 @@ impl Snapshots {
     /// Installs a snapshot of the newest commit. The one it replaces is released when its
     /// last reader is done with it (it pins pages freed since until then).
     pub(crate) fn refresh(&self) {
+        #[cfg(feature = "test-hooks")]
+        if let Some(hook) = self.before_refresh.lock().take() {
+            hook();
+        }
         let _one_at_a_time = self.refreshing.lock();
         #[cfg(feature = "test-hooks")]
         if self.fail_refresh.load(std::sync::atomic::Ordering::SeqCst) {

@@ -86,6 +86,13 @@ pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
     snapshots.refresh();
 }
 
+/// Runs `hook` once, at the start of the next refresh of the shared read snapshot, on the
+/// thread that refreshes it (after a pass's or a checkpoint's commit, before its entries leave
+/// the overlay): a test can read the database at that moment.
+pub fn before_next_refresh(db: &crate::IdemDb, hook: impl FnOnce() + Send + 'static) {
+    *db.engine.snapshots.before_refresh.lock() = Some(Box::new(hook));
+}
+
 /// Runs `hook` once, on the writer's leader thread, when the next batch that changes a record
 /// reaches its durability point: applied, its transactions committed, its frame not yet
 /// written (it waits for `hook` to return).

@@ -28,6 +28,7 @@ impl Writer {
     /// Every `interval`: a checkpoint when one is due (by age, or asked for by size), else a
     /// pass that writes the overlay into redb.
     fn run_applier(self: Arc<Self>, interval: Duration) {
+        lower_own_priority();
         let every = self.config.checkpoint_interval;
         let mut next_checkpoint = Instant::now() + every;
         let mut state = self.applier.lock();
@@ -69,6 +70,24 @@ impl Writer {
         if let Some(t) = thread {
             // A panic in it would have been in redb or here; the checkpoint at close follows.
             let _ = t.join();
+        }
+    }
+}
+
+/// The applier's work is off the callers' path; its CPU bursts (a pass over the overlay every
+/// few ms, a checkpoint's commit) must not delay a caller whose `fdatasync` just returned, which
+/// on a 2-core machine they did. Not the lowest priority: its passes hold redb's write lock,
+/// which a closure's batch waits for, and other processes' CPU-bound work would starve it
+/// (design.md §5.7 has both measurements). For this thread only (on Linux a thread's nice
+/// value is its own). Best effort: a refusal leaves the priority as it was.
+fn lower_own_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let me = Some(rustix::thread::gettid());
+        // Relative to what it inherited from the thread that opened the database.
+        if let Ok(nice) = getpriority_process(me) {
+            let _ = setpriority_process(me, (nice + crate::config::APPLIER_NICE).min(19));
         }
     }
 }

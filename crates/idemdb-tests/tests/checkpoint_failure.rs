@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{LEASE, acquired};
+use common::{LEASE, T0, acquired, minutes};
 use idemdb::redb::TableDefinition;
-use idemdb::{Error, ExecuteError, IdemDb, Key, Outcome, RecordState, Scope};
+use idemdb::testing::LogLayout;
+use idemdb::{Error, ExecuteError, IdemDb, Key, ManualClock, Outcome, RecordState, Scope};
 use idemdb_testkit::{Fault, FaultBackend};
 
 /// Not registered: a batch writing it takes a durable commit as its durability point.
@@ -111,4 +113,74 @@ fn a_checkpoint_by_age_that_fails_poisons_and_the_frames_stay() {
     backend.kill();
     drop(db);
     assert_replayed(&disk);
+}
+
+/// A batch that passed the poisoning check and then waited for the leader lock, held by a
+/// compaction step whose durable commit fails meanwhile, is refused under the lock and appends
+/// no frame after the failed commit (design.md §12: the check again under the leader lock; a
+/// plain batch never meets redb's own refusal to write). Without that check it answered
+/// `Acquired` from a frame that followed the failed commit.
+#[test]
+fn a_batch_that_waited_for_a_failing_compaction_commit_is_refused_and_logs_nothing() {
+    let backend = FaultBackend::new();
+    let clock = ManualClock::new(T0);
+    let db = Arc::new(
+        IdemDb::builder()
+            .clock(clock.clone())
+            .retention(minutes(5))
+            // No checkpoint of the applier's between the held sync and the batch.
+            .without_applier()
+            .open_with_backend(backend.clone(), backend.log())
+            .unwrap(),
+    );
+    let r = acquired(db.reserve(&scope(), &Key::new("old"), b"p", LEASE).unwrap());
+    db.complete(&r, b"done".to_vec()).unwrap();
+    // Its partition is due: `compact_now` drops it in a durable commit under the leader lock.
+    clock.advance(Duration::from_secs(10 * 60));
+    backend.hold_syncs(true);
+    let compaction = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.compact_now())
+    };
+    assert!(
+        backend.wait_for_held(1, Duration::from_secs(10)),
+        "the drop's commit never reached its sync"
+    );
+    let frames = LogLayout::read(&backend.log().live_image()).last();
+    let batch = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.reserve(&scope(), &Key::new("new"), b"p", LEASE))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !batch.is_finished(),
+        "the batch did not wait for the leader lock"
+    );
+    backend.inject(Fault::FileSync {
+        log: false,
+        after: 0,
+    });
+    backend.hold_syncs(false);
+    let compacted = compaction.join().unwrap();
+    assert!(compacted.is_err(), "{compacted:?}");
+    match batch.join().unwrap() {
+        Err(Error::WritesRefused) => {}
+        other => panic!("the waiting batch was not refused: {other:?}"),
+    }
+    assert_eq!(
+        LogLayout::read(&backend.log().live_image()).last(),
+        frames,
+        "a frame followed the failed commit"
+    );
+    // What a crash now leaves opens, with the acknowledged record (read before it expires).
+    let disk = backend.durable_disk();
+    backend.kill();
+    drop(db);
+    let db = IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .retention(minutes(5))
+        .open_with_backend(disk.clone(), disk.log())
+        .unwrap();
+    let rec = db.get(&scope(), &Key::new("old")).unwrap().unwrap();
+    assert_eq!(rec.response, b"done".to_vec());
 }
