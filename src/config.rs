@@ -78,8 +78,8 @@ impl Default for WriterConfig {
 pub(crate) const APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How far the applier thread lowers its priority (Linux; added to the nice value it inherits
-/// from the thread that opened the database, at most 19): low enough that a caller waking from its
-/// `fdatasync` preempts it, high enough that CPU-bound work elsewhere does not starve it while
-/// it holds redb's write lock (design.md §5.7, "Its priority").
+/// from the thread that opened the database, at most 19): low enough that a caller waking
+/// from its `fdatasync` preempts it, high enough that CPU-bound work elsewhere does not starve
+/// it while it holds redb's write lock (design.md §5.7, "Its priority").
 #[cfg(target_os = "linux")]
 pub(crate) const APPLIER_NICE: i32 = 5;

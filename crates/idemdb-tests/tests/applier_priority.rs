@@ -1,6 +1,7 @@
 //! The applier thread runs at a lowered scheduling priority, 5 nice steps below the thread that
-//! opened the database (design.md §5.7, "Its priority"): its CPU bursts must not delay a caller whose `fdatasync` just returned. Linux
-//! only: a thread's nice value is its own attribute there, read from /proc.
+//! opened the database (design.md §5.7, "Its priority"): its CPU bursts must not delay a
+//! caller whose `fdatasync` just returned. Linux only: a thread's nice value is its own
+//! attribute there, read from /proc.
 
 #![cfg(target_os = "linux")]
 
