@@ -96,8 +96,9 @@ impl Builder {
     }
 
     /// Take a checkpoint once this many bytes of log frames follow the last one (default
-    /// 16 MiB; at least 64 KiB). A checkpoint is one durable redb commit of what the frames
-    /// hold; writes wait for it. The log file grows to about this size and is reused.
+    /// 32 MiB; at least 64 KiB). A checkpoint is one durable redb commit of what the frames
+    /// hold, beside the writes. Bounds what recovery replays after a crash. The log file grows
+    /// to about this size and is reused.
     pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
         self.writer.checkpoint_bytes = bytes.max(64 << 10);
         self

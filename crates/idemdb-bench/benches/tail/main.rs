@@ -5,7 +5,7 @@
 //! - `tail/fsync_floor`: one caller doing floor ops (a 4 KiB pwrite into a preallocated file +
 //!   fdatasync), about 10 s.
 //! - `tail/idemdb_reserve_1`: one caller reserving fresh keys on a store opened with default
-//!   settings (a checkpoint by age every 5 s or by size every 16 MiB, as shipped), 60 s of
+//!   settings (a checkpoint by age every 5 s or by size every 32 MiB, as shipped), 60 s of
 //!   samples held to that time (see [`idemdb_reserve_1`]); the store's stats before and after
 //!   (commits, checkpoints and their latencies).
 //!
