@@ -18,8 +18,8 @@ pub(crate) struct WriterConfig {
     pub(crate) quick_repair: bool,
     /// A checkpoint is taken once this many bytes of frames follow the last one (32 MiB by
     /// default: each checkpoint writes the pages its frames dirtied, so fewer, larger ones
-    /// write fewer in all, and their writeback slows the log's syncs less often; 16 MiB until
-    /// issue 24 made the 1-caller reserves above 5x the floor twice as many).
+    /// write fewer in all and slow the log's syncs less often; at 16 MiB, one caller had twice
+    /// as many reserves above 5x the floor).
     pub(crate) checkpoint_bytes: u64,
     /// ... or once frames are this old (checked by the applier thread).
     pub(crate) checkpoint_interval: std::time::Duration,

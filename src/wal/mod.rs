@@ -4,8 +4,9 @@
 //! are appended to the log as one frame and made durable by one `fdatasync` before anyone is
 //! answered; redb gets them later, from the overlay. A checkpoint (a durable redb commit that
 //! records the last frame's sequence number in meta) makes the frames before it redundant, and
-//! the log is written again from its start once one is taken under the leader lock. At open, the frames after the checkpoint are replayed
-//! (recover.rs). The byte layout is in frame.rs and docs/design.md §5.6.
+//! the log is written again from its start once one is taken under the leader lock. At open,
+//! the frames after the checkpoint are replayed (recover.rs). The byte layout is in frame.rs
+//! and docs/design.md §5.6.
 
 mod frame;
 mod log;

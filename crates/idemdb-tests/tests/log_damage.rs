@@ -90,6 +90,14 @@ fn changed_sectors(a: &[u8], b: &[u8]) -> std::ops::Range<usize> {
     first / SECTOR * SECTOR..(last / SECTOR + 1) * SECTOR
 }
 
+/// Checkpoints by size only, every 64 KiB of frames, on a manual clock.
+fn small_checkpoints() -> idemdb::Builder {
+    IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_bytes(64 << 10)
+}
+
 fn state(db: &IdemDb, key: &str) -> Option<RecordState> {
     db.get(&scope(), &Key::new(key)).unwrap().map(|r| r.state)
 }
@@ -293,10 +301,7 @@ fn a_log_whose_database_file_is_missing_is_refused_and_left_alone() {
 #[test]
 fn the_log_is_reused_from_its_start_after_each_checkpoint() {
     let backend = FaultBackend::new();
-    let db = IdemDb::builder()
-        .clock(ManualClock::new(T0))
-        .checkpoint_interval(Duration::from_secs(3600))
-        .checkpoint_bytes(64 << 10)
+    let db = small_checkpoints()
         .open_with_backend(backend.clone(), backend.log())
         .unwrap();
     let initial = db.stats().log_bytes_on_disk;
@@ -336,10 +341,7 @@ fn the_log_is_reused_from_its_start_after_each_checkpoint() {
 #[test]
 fn a_batch_that_takes_a_checkpoint_itself_is_in_that_checkpoint() {
     let backend = FaultBackend::new();
-    let db = IdemDb::builder()
-        .clock(ManualClock::new(T0))
-        .checkpoint_interval(Duration::from_secs(3600))
-        .checkpoint_bytes(64 << 10)
+    let db = small_checkpoints()
         .without_applier()
         .open_with_backend(backend.clone(), backend.log())
         .unwrap();
