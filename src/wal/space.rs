@@ -4,9 +4,9 @@
 //!
 //! Invariants: a frame goes only below the log's recorded length (`Log::len`), which rises
 //! only with a durable commit that records it (a batch's own growth raises it for the commit
-//! that is that batch's durability point), and never above `filled`; `filled` is published
-//! only once the zeros below it are synced; fills never run at once (`filling`), so none
-//! writes zeros where a frame may already be.
+//! that is that batch's durability point), and never above `filled`; `filled` is published only once the zeros
+//! below it are synced; fills never run at once (`filling`), so none writes zeros where a
+//! frame may already be.
 
 use std::io;
 use std::sync::Arc;
