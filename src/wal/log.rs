@@ -4,15 +4,16 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::StorageBackend;
 
+use crate::config::GROW_STEP;
 use crate::error::Error;
 
 use super::frame::{
     ALIGN, CYCLE_AT, Effect, FRAMES_START, encode_cycle, encode_frame, encode_header,
 };
-use super::space::{LogGauges, LogSpace, zero_fill};
 use super::state::LogState;
 
 /// The log file as an open finds it.
@@ -39,9 +40,7 @@ impl LogFile {
 /// The log of one open database. Owned by the writer's leader state: appends and
 /// checkpoints are serialised by the leader lock.
 pub(crate) struct Log {
-    file: Arc<dyn StorageBackend>,
-    /// The file's zero-filled extent, which the applier thread may grow ahead.
-    space: Arc<LogSpace>,
+    file: Box<dyn StorageBackend>,
     path: Option<PathBuf>,
     database_id: u64,
     /// Its identity and the checkpoint it was created at (as recorded in the database).
@@ -50,15 +49,37 @@ pub(crate) struct Log {
     /// The checkpoint its cycle sector durably holds (`None`: not known to hold one): the
     /// frames written follow it.
     cycle: Option<u64>,
+    /// Its size at creation, and the unit it grows by.
+    step: u64,
     /// Where the next frame goes.
     end: u64,
-    /// The length the database records: no frame goes past it (the file may be longer).
+    /// The file's zero-filled length.
     len: u64,
     /// The sequence number of the newest frame appended, or of the checkpoint.
     last_seq: u64,
     /// For `stats` (read without the leader lock).
     gauges: LogGauges,
 }
+/// The log's file length and the bytes of frames since the last checkpoint, kept current
+/// for `stats` (which must not wait for the leader lock).
+#[derive(Clone, Default)]
+pub(crate) struct LogGauges(Arc<[AtomicU64; 2]>);
+
+impl LogGauges {
+    /// (file length, frame bytes since the last checkpoint)
+    pub(crate) fn read(&self) -> (u64, u64) {
+        (
+            self.0[0].load(Ordering::Relaxed),
+            self.0[1].load(Ordering::Relaxed),
+        )
+    }
+
+    fn set(&self, len: u64, since: u64) {
+        self.0[0].store(len, Ordering::Relaxed);
+        self.0[1].store(since, Ordering::Relaxed);
+    }
+}
+
 impl std::fmt::Debug for Log {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Log")
@@ -80,21 +101,18 @@ impl Log {
         last_seq: u64,
         step: u64,
     ) -> Result<Log, Error> {
-        let file: Arc<dyn StorageBackend> = Arc::from(file);
-        let gauges = LogGauges::default();
-        let space = LogSpace::new(Arc::clone(&file), step, state.len, gauges.clone());
         let mut log = Log {
             file,
-            space: Arc::new(space),
             path,
             database_id,
             id: state.id,
             since: state.since,
             cycle,
+            step,
             end: FRAMES_START,
             len: state.len,
             last_seq,
-            gauges,
+            gauges: LogGauges::default(),
         };
         log.checkpointed()?;
         Ok(log)
@@ -121,7 +139,7 @@ impl Log {
         self.file.sync_data().map_err(|e| self.error("sync", e))?;
         self.end = end;
         self.last_seq = seq;
-        self.gauges.set_since(self.bytes_since_checkpoint());
+        self.gauges.set(self.len, self.bytes_since_checkpoint());
         Ok(true)
     }
 
@@ -136,27 +154,13 @@ impl Log {
     }
 
     /// What a durable commit taken now records of the log: with `in_use`, until a clean close.
-    /// Its length is the file's zero-filled one, which may be past `len` (grown ahead).
     pub(crate) fn state(&self, in_use: bool) -> LogState {
         LogState {
             id: self.id,
-            len: self.space.filled(),
+            len: self.len,
             since: self.since,
             in_use,
         }
-    }
-
-    /// A durable commit recorded `state`: frames may go up to its length from now on.
-    pub(crate) fn recorded(&mut self, state: &LogState) {
-        if state.len > self.len {
-            self.len = state.len;
-            self.space.set_recorded(state.len);
-        }
-    }
-
-    /// The file's extent, for the applier thread to grow ahead.
-    pub(crate) fn space(&self) -> Arc<LogSpace> {
-        Arc::clone(&self.space)
     }
 
     /// A durable redb commit recorded `last_seq`: every frame is redundant, and the next one
@@ -166,7 +170,7 @@ impl Log {
     /// recovery's scan. An error leaves the log unusable: the caller must stop writing.
     pub(crate) fn checkpointed(&mut self) -> Result<(), Error> {
         self.end = FRAMES_START;
-        self.gauges.set_since(0);
+        self.gauges.set(self.len, 0);
         if self.cycle != Some(self.last_seq) {
             let sector = encode_cycle(self.database_id, self.id, self.last_seq);
             self.file
@@ -183,16 +187,13 @@ impl Log {
         self.gauges.clone()
     }
 
-    /// Extends the zero-filled file to hold `need` bytes, at least doubling it, durably
-    /// (nothing to write if the applier grew it ahead that far). The caller's durable commit
-    /// then records the length.
+    /// Extends the zero-filled file to hold `need` bytes, at least doubling it, durably.
     fn grow(&mut self, need: u64) -> Result<(), Error> {
-        let target = self.space.target(self.len, need);
-        self.space
-            .fill_to(target)
-            .map_err(|e| self.error("grow", e))?;
+        let target = need.max(self.len.saturating_mul(2)).div_ceil(self.step) * self.step;
+        zero_fill(&*self.file, self.len, target).map_err(|e| self.error("grow", e))?;
+        self.file.sync_data().map_err(|e| self.error("sync", e))?;
         self.len = target;
-        self.space.set_recorded(target);
+        self.gauges.set(self.len, self.bytes_since_checkpoint());
         Ok(())
     }
 
@@ -208,6 +209,18 @@ pub(crate) fn log_io(path: Option<&Path>, action: &'static str, e: io::Error) ->
         action,
         source: Arc::new(e),
     }
+}
+
+/// Writes zeros over `from..to`.
+fn zero_fill(file: &dyn StorageBackend, from: u64, to: u64) -> io::Result<()> {
+    let zeros = vec![0u8; GROW_STEP as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(GROW_STEP);
+        file.write(at, &zeros[..n as usize])?;
+        at += n;
+    }
+    Ok(())
 }
 
 /// Makes the entries of `path`'s directory durable: a file created there survives a power

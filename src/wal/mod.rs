@@ -12,7 +12,6 @@ mod frame;
 mod log;
 mod recover;
 mod scan;
-mod space;
 mod state;
 
 pub(crate) use frame::Effect;
@@ -27,5 +26,4 @@ pub(crate) use scan::layout;
 #[cfg(feature = "test-hooks")]
 pub(crate) use state::LogState;
 
-pub(crate) use log::{Log, LogFile, log_io, sync_dir};
-pub(crate) use space::{LogGauges, LogSpace};
+pub(crate) use log::{Log, LogFile, LogGauges, log_io, sync_dir};

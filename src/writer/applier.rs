@@ -1,7 +1,6 @@
-//! The applier thread: writes the overlay into redb every few milliseconds (settle.rs), takes
-//! the checkpoints due by age or asked for by size (checkpoint.rs), and grows the log ahead of
-//! its frames (wal/space.rs), all off the batches' critical path and off the committer
-//! thread, which leads them. Nothing depends on it for
+//! The applier thread: writes the overlay into redb every few milliseconds (settle.rs), and
+//! takes the checkpoints due by age or asked for by size (checkpoint.rs), all off the batches'
+//! critical path and off the committer thread, which leads them. Nothing depends on it for
 //! correctness: every checkpoint writes whatever the overlay still holds, and a leader takes
 //! a checkpoint itself once the log holds twice `checkpoint_bytes`.
 
@@ -56,10 +55,7 @@ impl Writer {
             } else {
                 let _ = self.settle();
             }
-            // A log grown ahead is of use once a checkpoint records its length.
-            let grew = self.log_space.grow_ahead();
             state = self.applier.lock();
-            state.checkpoint_requested |= grew;
         }
     }
 

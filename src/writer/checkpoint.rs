@@ -164,11 +164,10 @@ impl Writer {
         let headroom = (block / 2).max(need);
         let raise = leader.next_token.saturating_add(headroom) > leader.token_ceiling;
         let ceiling = leader.next_token.saturating_add(block.max(need));
-        let state = leader.log.state(in_use);
         {
             let mut meta = txn.open_table(META)?;
             meta.insert(CHECKPOINT_KEY, &leader.log.last_seq().to_le_bytes()[..])?;
-            state.write(&mut meta)?;
+            leader.log.state(in_use).write(&mut meta)?;
             if raise {
                 meta.insert(NEXT_TOKEN_KEY, &ceiling.to_le_bytes()[..])?;
             }
@@ -178,7 +177,6 @@ impl Writer {
         if raise {
             leader.token_ceiling = ceiling;
         }
-        leader.log.recorded(&state);
         // The overlay's entries leave it only once a snapshot that holds them is installed.
         self.engine.snapshots.refresh();
         self.forget_written(taken);

@@ -43,7 +43,7 @@ use crate::reentry::Committing;
 use crate::retention::records::Created;
 use crate::scope::RecordKey;
 use crate::stats::Counter;
-use crate::wal::{Effect, Log, LogSpace};
+use crate::wal::{Effect, Log};
 
 use apply::{Ctx, apply_segment};
 use op::{OpOutput, WriteOp};
@@ -72,8 +72,6 @@ pub(crate) struct Writer {
     /// Mirrors `Queue::committer_requested` so the committer thread can spin on it without
     /// the queue's lock.
     committer_wanted: AtomicBool,
-    /// The log file's extent, which the applier thread grows ahead of the frames.
-    log_space: Arc<LogSpace>,
 }
 
 /// The applier thread's handle and its stop flag (applier.rs).
@@ -103,7 +101,6 @@ impl Writer {
         log: Log,
     ) -> Result<Arc<Self>, Error> {
         let lazy = config.lazy_committer;
-        let log_space = log.space();
         let writer = Arc::new_cyclic(|this| Writer {
             engine,
             config,
@@ -121,7 +118,6 @@ impl Writer {
             apply_wake: Condvar::new(),
             this: this.clone(),
             committer_wanted: AtomicBool::new(false),
-            log_space,
         });
         if !lazy {
             writer.ensure_committer(&mut writer.queue.lock())?;

@@ -51,12 +51,6 @@ pub enum Fault {
         /// Syncs of that file that still succeed.
         after: u64,
     },
-    /// A full disk for one file: every write that would make it longer fails; writes within
-    /// its length succeed ([`full_refusals`](FaultBackend::full_refusals) counts the failed).
-    Full {
-        /// The log, or the database file.
-        log: bool,
-    },
 }
 
 /// How a power loss treats the writes pending at that moment.
@@ -118,8 +112,6 @@ struct State {
     write_budget: Option<u64>,
     sync_budget: Option<u64>,
     file_sync_budget: [Option<u64>; FILES],
-    full: [bool; FILES],
-    full_refusals: u64,
     hold_syncs: bool,
     held: usize,
     release_generation: u64,
@@ -236,7 +228,6 @@ impl FaultBackend {
             Fault::Write { after } => s.write_budget = Some(after),
             Fault::Sync { after } => s.sync_budget = Some(after),
             Fault::FileSync { log, after } => s.file_sync_budget[usize::from(log)] = Some(after),
-            Fault::Full { log } => s.full[usize::from(log)] = true,
         }
     }
 
@@ -246,12 +237,6 @@ impl FaultBackend {
         s.write_budget = None;
         s.sync_budget = None;
         s.file_sync_budget = [None; FILES];
-        s.full = [false; FILES];
-    }
-
-    /// Writes refused by [`Fault::Full`] so far.
-    pub fn full_refusals(&self) -> u64 {
-        self.shared.state.lock().full_refusals
     }
 
     /// While on, every `sync_data` blocks before it takes effect.
@@ -545,11 +530,6 @@ impl StorageBackend for FaultBackend {
             Some(0) => return Err(io_error("write")),
             Some(n) => s.write_budget = Some(n - 1),
             None => {}
-        }
-        let end = offset.saturating_add(data.len() as u64);
-        if s.full[self.file] && end > s.files[self.file].live.len() as u64 {
-            s.full_refusals += 1;
-            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
         }
         let file = &mut s.files[self.file];
         write_at(&mut file.live, offset, data);
