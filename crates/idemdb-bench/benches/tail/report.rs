@@ -1,5 +1,5 @@
-//! The tail report: both distributions, the target, the slow calls beside the checkpoints
-//! taken, and the load on the machine; printed and written to
+//! The tail report: the floor's distribution and each workload's, the target for each, the
+//! slow calls beside the checkpoints taken, and the load on the machine; printed and written to
 //! `target/bench-results/tail.{md,json}`.
 
 use std::collections::BTreeMap;
@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 use idemdb::{HISTOGRAM_BUCKETS, Histogram};
 use serde_json::{Value, json};
 
-use crate::Reserves;
 use crate::shared::report::{
     fmt_val, machine, quantile, table_row, target_dir, write_machine, write_targets,
 };
+use crate::{Run, Setup, Workload};
 
 /// Issue 24: reserve p99.9 ≤ this many floor medians.
 const TARGET_RATIO: f64 = 5.0;
@@ -83,10 +83,11 @@ fn since(after: &Histogram, before: &Histogram) -> Histogram {
 pub fn finish(
     test_mode: bool,
     mut floor: Vec<u64>,
-    reserves: Option<Reserves>,
+    runs: Vec<Run>,
+    setup: Setup,
     (load_start, load_end): (Option<f64>, Option<f64>),
 ) {
-    if floor.is_empty() && reserves.is_none() {
+    if floor.is_empty() && runs.is_empty() {
         println!("(nothing measured: no report)");
         return;
     }
@@ -94,6 +95,15 @@ pub fn finish(
     let mut md = String::new();
     write_machine(&mut md, &machine());
     let load = |l: Option<f64>| fmt_val(l, 2);
+    let width = setup.width.map_or_else(
+        || "the store's default".to_string(),
+        |w| format!("{} ms", w.as_millis()),
+    );
+    let _ = writeln!(
+        md,
+        "Each idemdb run: {} s; partition width: {width}.",
+        setup.run_time.as_secs()
+    );
     let _ = writeln!(
         md,
         "1-minute load average: {} at start, {} at end.{}\n",
@@ -124,30 +134,51 @@ pub fn finish(
         "test_mode": test_mode,
         "machine": machine().into_iter().collect::<BTreeMap<_, _>>(),
         "loadavg_1m": { "start": load_start, "end": load_end },
+        "run_s": setup.run_time.as_secs(),
+        "partition_width_ms": setup.width.map(|w| w.as_millis() as u64),
         "fsync_floor": floor.json(),
     });
-    let Some(mut r) = reserves else {
-        let _ = writeln!(md, "\n(idemdb_reserve_1 did not run.)");
+    if runs.is_empty() {
+        let _ = writeln!(md, "\n(no idemdb benchmark ran.)");
         return write(&md, &json);
-    };
-    let slow_floor = floor.p50.map(|f| {
-        let bound = f * 1e3 * TARGET_RATIO;
-        r.latencies.iter().filter(|&&l| l as f64 > bound).count()
-    });
-    let slow_stall = r.latencies.iter().filter(|&&l| l > STALL_NS).count();
-    let idem = Dist::of(&mut r.latencies);
-    idem.row(&mut md, "idemdb reserve, fresh keys");
+    }
+    let bound_ns = floor.p50.map(|f| f * 1e3 * TARGET_RATIO);
+    let mut summaries = Vec::new();
+    for mut run in runs {
+        let reserves = Summary::of(&mut run.reserves, bound_ns);
+        reserves
+            .dist
+            .row(&mut md, &format!("{}: reserve", run_label(run.workload)));
+        let completes = (!run.completes.is_empty()).then(|| {
+            let c = Summary::of(&mut run.completes, bound_ns);
+            c.dist
+                .row(&mut md, &format!("{}: complete", run_label(run.workload)));
+            c
+        });
+        summaries.push((run, reserves, completes));
+    }
 
-    let ratio = idem.p999.zip(floor.p50).map(|(p, f)| p / f);
-    let shown = ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}×"));
+    // One caller's p99.9 against the floor, each workload a row of its own.
+    let ratios: Vec<(String, String, Option<f64>)> = summaries
+        .iter()
+        .map(|(run, reserves, _)| {
+            let ratio = reserves.dist.p999.zip(floor.p50).map(|(p, f)| p / f);
+            let what = format!(
+                "reserve p99.9 ≤ 5× the fsync floor's median (1 caller, {} s; {})",
+                setup.run_time.as_secs(),
+                run_label(run.workload)
+            );
+            let shown = ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}×"));
+            (what, shown, ratio)
+        })
+        .collect();
     write_targets(
         &mut md,
-        [(
-            "reserve p99.9 ≤ 5× the fsync floor's median (1 caller, 60 s)",
-            shown.as_str(),
+        ratios.iter().map(|(what, shown, ratio)| {
             // One call each in test mode: no verdict.
-            ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO),
-        )],
+            let met = ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO);
+            (what.as_str(), shown.as_str(), met)
+        }),
     );
 
     // The disk's own share of the tail: the floor alone against its median.
@@ -158,11 +189,69 @@ pub fn finish(
         floor_ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}×")),
     );
 
-    let checkpoints = r.after.checkpoints.saturating_sub(r.before.checkpoints);
-    let commits = r.after.commits.saturating_sub(r.before.commits);
+    let mut targets = Vec::new();
+    for ((run, reserves, completes), (what, _, ratio)) in summaries.iter().zip(&ratios) {
+        let key = run.workload.bench();
+        json[key] = run_details(&mut md, run, reserves, completes.as_ref());
+        targets.push(json!({
+            "target": what,
+            "p99_9_over_floor_median": ratio,
+            "met": ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO),
+        }));
+    }
+    json["targets"] = json!(targets);
+    json["floor_p99_9_over_floor_median"] = json!(floor_ratio);
+    write(&md, &json);
+}
+
+/// How a workload is named in the report.
+fn run_label(workload: Workload) -> &'static str {
+    match workload {
+        Workload::Lifecycles => "lifecycles (reserve + complete)",
+        Workload::Reserves => "reserves never completed",
+    }
+}
+
+/// A distribution and how many of its calls were slow.
+struct Summary {
+    dist: Dist,
+    /// Slower than 5× the floor's median (`None`: no floor was measured).
+    slow_floor: Option<usize>,
+    /// Slower than [`STALL_NS`].
+    slow_stall: usize,
+}
+
+impl Summary {
+    fn of(latencies: &mut [u64], bound_ns: Option<f64>) -> Summary {
+        let slow_floor = bound_ns.map(|b| latencies.iter().filter(|&&l| l as f64 > b).count());
+        let slow_stall = latencies.iter().filter(|&&l| l > STALL_NS).count();
+        Summary {
+            dist: Dist::of(latencies),
+            slow_floor,
+            slow_stall,
+        }
+    }
+
+    fn json(&self) -> Value {
+        let mut v = self.dist.json();
+        v["slower_than_5x_floor_median"] = json!(self.slow_floor);
+        v["slower_than_5ms"] = json!(self.slow_stall);
+        v
+    }
+}
+
+/// One run's paragraph (calls, slow calls, commits, checkpoints) and its JSON.
+fn run_details(
+    md: &mut String,
+    run: &Run,
+    reserves: &Summary,
+    completes: Option<&Summary>,
+) -> Value {
+    let checkpoints = run.after.checkpoints.saturating_sub(run.before.checkpoints);
+    let commits = run.after.commits.saturating_sub(run.before.commits);
     let took = since(
-        &r.after.checkpoint_latency_us,
-        &r.before.checkpoint_latency_us,
+        &run.after.checkpoint_latency_us,
+        &run.before.checkpoint_latency_us,
     );
     // The histogram has log2 buckets: a quantile is known only up to its bucket's top.
     let (ck_p50, ck_max) = if took.count > 0 {
@@ -173,18 +262,29 @@ pub fn finish(
     } else {
         (None, None)
     };
-    let wall = r.wall.as_secs_f64();
+    let wall = run.wall.as_secs_f64();
+    let slow = |s: &Summary| s.slow_floor.map_or_else(|| "–".into(), |n| n.to_string());
+    let completes_said = completes.map_or_else(String::new, |c| {
+        format!(
+            " Completes: {} slower than 5× the floor's median, {} slower than 5 ms.",
+            slow(c),
+            c.slow_stall
+        )
+    });
     let _ = writeln!(
         md,
-        "\nidemdb over {wall:.1} s ({:.1} s of samples after criterion's warm-up, both timed): \
-         {} reserves in {} commits; {} slower than 5× the floor's median, {slow_stall} slower \
-         than 5 ms. Samples are time slices: criterion asked for {} iterations, {} ran.",
-        r.measured.as_secs_f64(),
-        fmt_val(Some(idem.ops as f64), 0),
+        "\n{} over {wall:.1} s ({:.1} s of samples after criterion's warm-up, both timed): \
+         {} reserves in {} commits; {} slower than 5× the floor's median, {} slower than 5 \
+         ms.{completes_said} Samples are time slices: criterion asked for {} iterations, {} \
+         ran.",
+        run_label(run.workload),
+        run.measured.as_secs_f64(),
+        fmt_val(Some(reserves.dist.ops as f64), 0),
         fmt_val(Some(commits as f64), 0),
-        slow_floor.map_or_else(|| "–".into(), |n| n.to_string()),
-        fmt_val(Some(r.planned as f64), 0),
-        fmt_val(Some(r.ran as f64), 0),
+        slow(reserves),
+        reserves.slow_stall,
+        fmt_val(Some(run.planned as f64), 0),
+        fmt_val(Some(run.ran as f64), 0),
     );
     let _ = writeln!(
         md,
@@ -195,30 +295,23 @@ pub fn finish(
         fmt_val(ck_p50, 0),
         fmt_val(ck_max, 0),
     );
-
-    json["idemdb_reserve_1"] = idem.json();
-    json["idemdb_reserve_1"]["wall_s"] = json!(wall);
-    json["idemdb_reserve_1"]["commits"] = json!(commits);
-    json["idemdb_reserve_1"]["samples_s"] = json!(r.measured.as_secs_f64());
-    json["idemdb_reserve_1"]["iterations_asked"] = json!(r.planned);
-    json["idemdb_reserve_1"]["iterations_ran"] = json!(r.ran);
-    json["idemdb_reserve_1"]["slower_than_5x_floor_median"] = json!(slow_floor);
-    json["idemdb_reserve_1"]["slower_than_5ms"] = json!(slow_stall);
-    json["checkpoints"] = json!({
-        "taken": checkpoints,
-        "timed": took.count,
-        "mean_us": (took.count > 0).then(|| took.mean()),
-        "p50_us_at_most": ck_p50,
-        "max_us_at_most": ck_max,
-        "latency_us_log2_buckets": took.buckets.to_vec(),
-    });
-    json["target"] = json!({
-        "target": "reserve p99.9 ≤ 5× the fsync floor's median",
-        "p99_9_over_floor_median": ratio,
-        "floor_p99_9_over_floor_median": floor_ratio,
-        "met": ratio.filter(|_| !test_mode).map(|r| r <= TARGET_RATIO),
-    });
-    write(&md, &json);
+    json!({
+        "reserve": reserves.json(),
+        "complete": completes.map(Summary::json),
+        "wall_s": wall,
+        "commits": commits,
+        "samples_s": run.measured.as_secs_f64(),
+        "iterations_asked": run.planned,
+        "iterations_ran": run.ran,
+        "checkpoints": {
+            "taken": checkpoints,
+            "timed": took.count,
+            "mean_us": (took.count > 0).then(|| took.mean()),
+            "p50_us_at_most": ck_p50,
+            "max_us_at_most": ck_max,
+            "latency_us_log2_buckets": took.buckets.to_vec(),
+        },
+    })
 }
 
 fn write(md: &str, json: &Value) {
