@@ -112,7 +112,7 @@ impl IdemDb {
             accept_log_loss,
             replay_cache,
         } = settings;
-        let rules = retention.rules();
+        let rules = retention.rules(crate::Builder::DEFAULT_PARTITION_WIDTH);
         let meta = meta::load_or_init(&db, &rules)?;
         let opening = crate::wal::Opening {
             database_id: meta.database_id,

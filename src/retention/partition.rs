@@ -136,6 +136,22 @@ impl Catalog {
     pub(crate) fn get(&self, id: PartitionId) -> Option<&Arc<Partition>> {
         self.position(id).map(|i| &self.parts[i])
     }
+
+    /// This catalog with `part` added. A partition of the newest window (almost always: the
+    /// clock moves forward) goes last and moves nobody, so the positions are copied rather
+    /// than hashed again: thousands of partitions are usual (10 s windows), and the writer
+    /// waits for this once per window.
+    fn with(&self, part: Arc<Partition>) -> Catalog {
+        let mut parts = self.parts.clone();
+        if self.parts.last().is_none_or(|last| last.name < part.name) {
+            let mut positions = self.positions.clone();
+            positions.insert(part.id, parts.len());
+            parts.push(part);
+            return Catalog { parts, positions };
+        }
+        parts.push(part);
+        Catalog::new(parts)
+    }
 }
 
 /// Where [`Partitions::place`] put a record.
@@ -190,9 +206,13 @@ impl Partitions {
     /// that whole partition, and every later record put beside it, until the future date.
     pub(crate) fn place(&self, name: PartitionName) -> Placement {
         let catalog = self.catalog();
-        // The current window is the newest one almost always: search from the end.
+        // The current window is the newest one almost always: search from the end, down to
+        // the windows that start before `name`'s (sorted by start first: none of them is it).
         let mut newer_exists = false;
         for p in catalog.parts.iter().rev() {
+            if p.name.start < name.start {
+                break;
+            }
             if p.name.width != name.width || p.name.ttl != name.ttl {
                 continue;
             }
@@ -221,9 +241,7 @@ impl Partitions {
             table: name.table_name(),
             name,
         });
-        let mut parts = catalog.parts.clone();
-        parts.push(Arc::clone(&part));
-        *self.current.write() = Arc::new(Catalog::new(parts));
+        *self.current.write() = Arc::new(catalog.with(Arc::clone(&part)));
         Placement {
             partition: part,
             created: true,
@@ -305,9 +323,42 @@ mod tests {
         assert!(older.created && older.behind_newest);
         assert_eq!(older.partition.name.start, 9_000);
         assert_eq!(parts.catalog().parts().len(), 4);
+        assert_sorted_with_positions(&parts.catalog());
         parts.remove(a.id);
+        assert_sorted_with_positions(&parts.catalog());
         assert!(parts.catalog().get(a.id).is_none());
         assert!(parts.catalog().get(b.id).is_some());
+    }
+
+    /// The catalog's order and its position map agree, whatever order partitions came in.
+    fn assert_sorted_with_positions(catalog: &Catalog) {
+        let parts = catalog.parts();
+        assert!(parts.windows(2).all(|w| w[0].name < w[1].name));
+        for (i, p) in parts.iter().enumerate() {
+            assert_eq!(catalog.position(p.id), Some(i), "{:?}", p.name);
+            assert_eq!(catalog.get(p.id).map(|q| q.id), Some(p.id));
+        }
+    }
+
+    #[test]
+    fn windows_added_in_any_order_keep_the_catalog_sorted_and_indexed() {
+        let parts = Partitions::from_names([]);
+        // Forward in time (appended), then back (inserted), then forward past the newest.
+        for t in (0..50)
+            .map(|i| i * 1_000)
+            .chain([7_500, 500, 49_999, 60_000])
+        {
+            for ttl in [50, 70] {
+                parts.place(window(t, 1_000, ttl));
+            }
+        }
+        let catalog = parts.catalog();
+        assert_eq!(catalog.parts().len(), 2 * 51);
+        assert_sorted_with_positions(&catalog);
+        // Each window found again, not made twice.
+        let again = parts.place(window(7_999, 1_000, 70));
+        assert!(!again.created && again.behind_newest);
+        assert_eq!(parts.catalog().parts().len(), 2 * 51);
     }
 
     #[test]

@@ -158,7 +158,7 @@ fn retention_json(r: &Retention, global: &Global) -> Value {
     json!({
         "default_ttl_ms": ms(r.default_ttl),
         "operation_ttls_ms": operation_ttls,
-        "partition_width_ms": ms(r.partition_width),
+        "partition_width_ms": ms(r.width_or(idemdb::Builder::DEFAULT_PARTITION_WIDTH)),
         "horizon_factor": r.horizon_factor,
         "beyond_horizon": policy(r.beyond_horizon),
         "note": "this process's settings (the file does not store them): set with --ttl, \
@@ -170,7 +170,7 @@ fn retention_line(r: &Retention, global: &Global) -> String {
     let mut line = format!(
         "ttl {}, partition width {}, horizon factor {}, beyond horizon: {}",
         duration(ms(r.default_ttl)),
-        duration(ms(r.partition_width)),
+        duration(ms(r.width_or(idemdb::Builder::DEFAULT_PARTITION_WIDTH))),
         r.horizon_factor,
         policy(r.beyond_horizon)
     );

@@ -47,10 +47,13 @@ pub struct Retention {
     /// How long a record counts after its last change, for operations without a TTL of their
     /// own (default 24 hours).
     pub default_ttl: Duration,
-    /// Width of a time partition (default 1 hour). A partition holds the records last
-    /// changed in one such window with one TTL, and is dropped whole once they all expired:
-    /// one width after the last of them may have (plus the wait for the next compaction).
-    pub partition_width: Duration,
+    /// Width of a time partition; `None` (the default): the store's own, 10 s embedded
+    /// (`idemdb::Builder::DEFAULT_PARTITION_WIDTH`); over PostgreSQL 1 h, the width this
+    /// default had before (`PgStoreBuilder::RETENTION_PARTITION_WIDTH`; 6 h for a store built
+    /// without a `Retention`). A partition holds the records last changed
+    /// in one such window with one TTL, and is dropped whole once they all expired: one width
+    /// after the last of them may have (plus the wait for the next compaction).
+    pub partition_width: Option<Duration>,
     /// How long a dropped key is still recognised, as a multiple of its TTL counted from the
     /// end of its partition's window (default 4: three TTLs after the drop). At 0 or 1 no key
     /// is kept once dropped; an expired record not yet dropped is still recognised.
@@ -67,7 +70,7 @@ impl Default for Retention {
     fn default() -> Self {
         Retention {
             default_ttl: Duration::from_secs(24 * 3600),
-            partition_width: Duration::from_secs(3600),
+            partition_width: None,
             horizon_factor: 4,
             beyond_horizon: BeyondHorizonPolicy::Flag,
             compact_interval: Some(Duration::from_secs(60)),
@@ -92,7 +95,7 @@ impl Retention {
 
     /// Sets [`partition_width`](Self::partition_width).
     pub fn partition_width(mut self, width: Duration) -> Self {
-        self.partition_width = width;
+        self.partition_width = Some(width);
         self
     }
 
@@ -126,7 +129,8 @@ impl Retention {
     pub fn validate(&self) -> Result<(), InputError> {
         let ttls = std::iter::once(("ttl", self.default_ttl))
             .chain(self.operation_ttls.values().map(|t| ("operation ttl", *t)));
-        for (what, d) in ttls.chain([("partition width", self.partition_width)]) {
+        let width = self.partition_width.map(|w| ("partition width", w));
+        for (what, d) in ttls.chain(width) {
             if duration_ms(d) == 0 {
                 return Err(InputError::Empty { what });
             }
@@ -134,11 +138,17 @@ impl Retention {
         Ok(())
     }
 
-    /// The settings in milliseconds, as a store computes with them.
-    pub fn rules(&self) -> Rules {
+    /// The partition width in force: the one set, else the store's `default_width`.
+    pub fn width_or(&self, default_width: Duration) -> Duration {
+        self.partition_width.unwrap_or(default_width)
+    }
+
+    /// The settings in milliseconds, as a store computes with them; `default_width` is the
+    /// store's, for a [`partition_width`](Self::partition_width) not set.
+    pub fn rules(&self, default_width: Duration) -> Rules {
         Rules {
             default_ttl_ms: duration_ms(self.default_ttl),
-            width_ms: duration_ms(self.partition_width),
+            width_ms: duration_ms(self.width_or(default_width)),
             horizon_factor: u64::from(self.horizon_factor),
             policy: self.beyond_horizon,
             operation_ttls: self
@@ -222,7 +232,7 @@ mod tests {
         let rules = Retention::default()
             .ttl(Duration::from_secs(60))
             .operation_ttl("redrive", Duration::from_secs(7200))
-            .rules();
+            .rules(Duration::from_secs(10));
         let key = |op: &str| {
             RecordKey::encode(&Scope::new(op, "p"), &Key::new("k"), &Limits::default()).unwrap()
         };
@@ -247,5 +257,15 @@ mod tests {
                 .is_err()
         );
         assert!(Retention::default().validate().is_ok());
+    }
+
+    #[test]
+    fn an_unset_width_is_the_stores_own() {
+        let unset = Retention::default();
+        assert_eq!(unset.partition_width, None);
+        assert_eq!(unset.rules(Duration::from_secs(10)).width_ms, 10_000);
+        assert_eq!(unset.rules(Duration::from_secs(3600)).width_ms, 3_600_000);
+        let set = unset.partition_width(Duration::from_secs(60));
+        assert_eq!(set.rules(Duration::from_secs(10)).width_ms, 60_000);
     }
 }

@@ -73,10 +73,7 @@ impl PgStore {
             tls: split.mode,
             tls_roots,
             pool_size: 16,
-            // Every read of a key probes each partition's index (the partition key is not
-            // the record key), so fewer, wider partitions than the embedded default.
-            retention: Retention::default()
-                .partition_width(PgStoreBuilder::DEFAULT_PARTITION_WIDTH),
+            retention: Retention::default(),
             limits: Limits::default(),
             clock: Arc::new(SystemClock),
             wait_poll: Duration::from_secs(1),
@@ -88,7 +85,17 @@ impl PgStore {
 impl PgStoreBuilder {
     /// The partition width of a store built without [`retention`](Self::retention): a
     /// quarter of the default 24 h TTL, so that about six partitions hold the live records.
+    /// Every read of a key probes each partition's index (the partition key is not the record
+    /// key), so fewer, wider partitions than the embedded default
+    /// (`idemdb::Builder::DEFAULT_PARTITION_WIDTH`).
     pub const DEFAULT_PARTITION_WIDTH: Duration = Duration::from_secs(6 * 3600);
+
+    /// The partition width of a [`Retention`] given to [`retention`](Self::retention) without
+    /// one: 1 h, what `Retention::default()` said before the width became each store's own
+    /// choice. Kept so that a database's width does not change under it with this version:
+    /// a partition of a new width that overlaps the old ones cannot be made, and the writes
+    /// that need it would fail.
+    pub const RETENTION_PARTITION_WIDTH: Duration = Duration::from_secs(3600);
 
     /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust, instead of the
     /// operating system's roots or the URL's `sslrootcert`.
@@ -120,9 +127,13 @@ impl PgStoreBuilder {
     /// compactor's interval (see docs/semantics.md for what differs from the embedded
     /// engine). Keep the partition width the same for a database. Every read of a key
     /// probes each live partition, so choose a width near a quarter of the longest TTL
-    /// (the default without this call is
-    /// [`DEFAULT_PARTITION_WIDTH`](Self::DEFAULT_PARTITION_WIDTH), 6 h).
-    pub fn retention(mut self, retention: Retention) -> Self {
+    /// (without this call, [`DEFAULT_PARTITION_WIDTH`](Self::DEFAULT_PARTITION_WIDTH), 6 h;
+    /// with it but no width set, [`RETENTION_PARTITION_WIDTH`](Self::RETENTION_PARTITION_WIDTH),
+    /// 1 h, as before).
+    pub fn retention(mut self, mut retention: Retention) -> Self {
+        retention
+            .partition_width
+            .get_or_insert(Self::RETENTION_PARTITION_WIDTH);
         self.retention = retention;
         self
     }
@@ -190,7 +201,7 @@ impl PgStoreBuilder {
             let meta = schema::Meta::read(&client).await?;
             (meta, schema::server_now(&client).await?)
         };
-        let rules = self.retention.rules();
+        let rules = self.retention.rules(Self::DEFAULT_PARTITION_WIDTH);
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| PgError::Internal("PgStore connected outside a tokio runtime".into()))?;
         let counters = stats::Counters::new(pool.clone());
@@ -218,5 +229,34 @@ impl PgStoreBuilder {
             tasks.push(tokio::spawn(compactor(Arc::downgrade(&inner), every)));
         }
         Ok(PgStore { inner, tasks })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn width_ms(builder: &PgStoreBuilder) -> u64 {
+        builder
+            .retention
+            .rules(PgStoreBuilder::DEFAULT_PARTITION_WIDTH)
+            .width_ms
+    }
+
+    /// A database's width must not change under it with a new version: the partitions of a
+    /// new width that overlap the old ones could not be made.
+    #[test]
+    fn the_widths_of_earlier_versions_are_kept() {
+        let url = "postgres://u@127.0.0.1/db";
+        let hour = 3_600_000;
+        assert_eq!(width_ms(&PgStore::builder(url).unwrap()), 6 * hour);
+        let unset = PgStore::builder(url)
+            .unwrap()
+            .retention(Retention::default().ttl(Duration::from_secs(60)));
+        assert_eq!(width_ms(&unset), hour);
+        let set = PgStore::builder(url)
+            .unwrap()
+            .retention(Retention::default().partition_width(Duration::from_secs(600)));
+        assert_eq!(width_ms(&set), 600_000);
     }
 }
