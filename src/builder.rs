@@ -67,9 +67,9 @@ impl Builder {
     /// Narrow, because each checkpoint rewrites every B-tree page its records landed on, and
     /// keys are random: in a partition of the last few seconds those pages are few and new,
     /// in one of the last hour nearly all of its pages. One caller reserving and completing
-    /// for 180 s had 438 reserves above 5× the fsync floor at 10 s, 724 at 1 minute and 1,013
-    /// at 1 hour (docs/benchmarks.md). The price: a table per window that saw a record (at
-    /// most 8,640 a day per TTL), each at least one 4 KiB page.
+    /// for 180 s (`--bench tail`): reserve p99.9 4.03× the fsync floor at 10 s, 4.80× at 1
+    /// minute, 9.96× at 1 hour (docs/benchmarks.md). The price: a table per window that saw a
+    /// record (at most 8,640 a day per TTL), each at least one 4 KiB page.
     pub const DEFAULT_PARTITION_WIDTH: std::time::Duration = std::time::Duration::from_secs(10);
 
     /// The clock for leases and timestamps (default: [`SystemClock`]).
