@@ -50,9 +50,9 @@ pub struct Retention {
     /// Width of a time partition; `None` (the default): the store's own, 10 s embedded
     /// (`idemdb::Builder::DEFAULT_PARTITION_WIDTH`); over PostgreSQL 1 h, the width this
     /// default had before (`PgStoreBuilder::RETENTION_PARTITION_WIDTH`; 6 h for a store built
-    /// without a `Retention`). A partition holds the records last changed
-    /// in one such window with one TTL, and is dropped whole once they all expired: one width
-    /// after the last of them may have (plus the wait for the next compaction).
+    /// without a `Retention`). A partition holds the records last changed in one such window
+    /// with one TTL, and is dropped whole once they all expired: one width after the last of
+    /// them may have (plus the wait for the next compaction).
     pub partition_width: Option<Duration>,
     /// How long a dropped key is still recognised, as a multiple of its TTL counted from the
     /// end of its partition's window (default 4: three TTLs after the drop). At 0 or 1 no key

@@ -6,15 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, T0, acquired, minutes, open_retained, partition_tables, reopenable};
+use common::{LEASE, T0, acquired, finish, minutes, open_retained, partition_tables, reopenable};
 use idemdb::{Key, ManualClock, ReserveOutcome, Scope};
 
 const MIN: u64 = 60_000;
-
-fn finish(db: &idemdb::IdemDb, scope: &Scope, key: &str, response: &str) {
-    let r = acquired(db.reserve(scope, &Key::new(key), b"x", LEASE).unwrap());
-    db.complete(&r, response.as_bytes().to_vec()).unwrap();
-}
 
 #[test]
 fn partitions_follow_the_last_change_and_drop_whole_when_all_expired() {
@@ -26,7 +21,7 @@ fn partitions_follow_the_last_change_and_drop_whole_when_all_expired() {
     // Three one-minute windows, 10 records each.
     for w in 0..3 {
         for i in 0..10 {
-            finish(&db, &scope, &format!("w{w}-{i}"), &format!("r{w}-{i}"));
+            finish(&db, &scope, &format!("w{w}-{i}"), format!("r{w}-{i}"));
         }
         clock.advance(Duration::from_secs(60));
     }

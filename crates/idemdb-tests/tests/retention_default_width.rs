@@ -6,15 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, T0, acquired, open_retained, partition_tables};
+use common::{LEASE, T0, acquired, finish, open_retained, partition_tables};
 use idemdb::{Builder, IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
 
 const WIDTH_MS: u64 = 10_000;
-
-fn finish(db: &IdemDb, scope: &Scope, key: &str, response: &[u8]) {
-    let r = acquired(db.reserve(scope, &Key::new(key), b"x", LEASE).unwrap());
-    db.complete(&r, response.to_vec()).unwrap();
-}
 
 fn response(i: u64) -> Vec<u8> {
     format!("201 order {i}").into_bytes()
@@ -74,7 +69,7 @@ fn thousands_of_partitions_answer_reopen_and_drop_whole() {
     let db = open_retained(&path, &clock, retention());
     for i in 0..WINDOWS {
         clock.set(start + i * WIDTH_MS + i % WIDTH_MS);
-        finish(&db, &scope, &format!("k{i}"), &response(i));
+        finish(&db, &scope, &format!("k{i}"), response(i));
     }
     let stats = db.stats();
     assert_eq!((stats.partitions, stats.stored_records), (WINDOWS, WINDOWS));

@@ -20,10 +20,9 @@
 //!
 //! Run: `cargo bench -p idemdb-bench --bench tail` (about 2.5 min; `IDEMDB_BENCH_TAIL_SECS`
 //! and `IDEMDB_BENCH_TAIL_WIDTH_MS` change the run's length and the partition width, see
-//! [`Setup`]; a criterion filter such as `-- 'floor|lifecycle'` leaves a workload out); the
-//! report is printed and
-//! written to `target/bench-results/tail.{md,json}`. `cargo test --benches` runs each benchmark
-//! once and writes the same report from those few calls.
+//! [`Setup`]; a criterion filter such as `-- 'floor|lifecycle'` leaves a workload out). The
+//! report is printed and written to `target/bench-results/tail.{md,json}`. `cargo test
+//! --benches` runs each benchmark once and writes the same report from those few calls.
 
 mod report;
 #[path = "../shared/mod.rs"]
@@ -44,6 +43,10 @@ use shared::timed_loop;
 const FLOOR_TIME: Duration = Duration::from_secs(10);
 /// The run issue 24's target names.
 const RUN_TIME: Duration = Duration::from_secs(60);
+/// Criterion's samples per benchmark.
+const SAMPLES: u32 = 10;
+/// Every reservation's lease, as in `compare`.
+const LEASE: Duration = Duration::from_secs(30);
 
 /// What the command line's environment changes: the run's length (`IDEMDB_BENCH_TAIL_SECS`,
 /// default 60) and the stores' partition width (`IDEMDB_BENCH_TAIL_WIDTH_MS`, default the
@@ -69,10 +72,6 @@ impl Setup {
         }
     }
 }
-/// Criterion's samples per benchmark.
-const SAMPLES: u32 = 10;
-/// Every reservation's lease, as in `compare`.
-const LEASE: Duration = Duration::from_secs(30);
 
 /// What one idemdb benchmark measured.
 pub struct Run {
@@ -106,7 +105,7 @@ fn main() {
     // time (idemdb's samples are time slices).
     g.sampling_mode(SamplingMode::Flat);
     g.throughput(Throughput::Elements(1));
-    // The time slices of `idemdb_reserve_1` count on it, whatever the command line says.
+    // The idemdb benchmarks' time slices count on it, whatever the command line says.
     g.sample_size(SAMPLES as usize);
     let floor = fsync_floor(&mut g, root.path());
     let setup = Setup::from_env();
@@ -170,9 +169,10 @@ impl Workload {
 /// the 1 s warm-up, on a store far smaller than 60 s of calls leave, and a loaded disk
 /// makes the warm-up unlike the rest (one run planned 60 s and took 207 s, another took
 /// 48 s). So the warm-up's calls (1, 2, 4, … iterations) run as asked, and the k-th sample
-/// runs until k tenths of the run's time ([`RUN_TIME`] unless [`Setup`] says) have passed since the first sample began, however
-/// many calls that is; criterion is given the sample's mean per call times the iterations it
-/// asked for. An iteration is one reserve, or one reserve and its complete.
+/// runs until k tenths of the run's time ([`RUN_TIME`] unless [`Setup`] says) have passed
+/// since the first sample began, however many calls that is; criterion is given the sample's
+/// mean per call times the iterations it asked for. An iteration is one reserve, or one
+/// reserve and its complete.
 fn idemdb_one_caller(
     g: &mut BenchmarkGroup<'_, WallTime>,
     root: &Path,

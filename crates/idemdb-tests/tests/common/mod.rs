@@ -78,6 +78,15 @@ pub fn acquired(outcome: ReserveOutcome) -> Reservation {
     }
 }
 
+/// Reserves `key` (fresh, payload `x`) and completes it with `response`.
+pub fn finish(db: &IdemDb, scope: &idemdb::Scope, key: &str, response: impl AsRef<[u8]>) {
+    let r = acquired(
+        db.reserve(scope, &idemdb::Key::new(key), b"x", LEASE)
+            .unwrap(),
+    );
+    db.complete(&r, response.as_ref().to_vec()).unwrap();
+}
+
 /// A database at `path` on `clock` with `retention` (no background compactor unless the
 /// retention asks for one).
 pub fn open_retained(path: &Path, clock: &ManualClock, retention: Retention) -> IdemDb {
