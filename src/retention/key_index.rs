@@ -1,12 +1,16 @@
 //! Which partitions may hold a key: an in-memory map from a 64-bit keyed hash of the record
-//! key to at most two partition ids, so that proving a key absent costs one hash probe
-//! however many partitions exist, instead of one B-tree probe per partition.
+//! key to the partition ids it was written in, so that proving a key absent costs one hash
+//! probe however many partitions exist, instead of one B-tree probe per partition.
 //!
 //! Invariant (what makes it safe): the index is a superset of the truth. The writer adds an
 //! entry *before* it stores a record in a partition, so no committed record lacks one; an
 //! entry is removed only after its partition was dropped. Extra entries (a rolled-back write,
-//! a hash shared by two keys) only cost an extra probe. A hash that would need a third
-//! partition becomes `Anywhere`: every partition is probed for it.
+//! a hash shared by two keys) only cost an extra probe.
+//!
+//! A key is in one partition, or two when its record expired and it was acquired again in a
+//! later window before the older partition was dropped: two ids inline. A key in more (a
+//! short TTL, acquired again and again) moves to a list of its own, and back once drops leave
+//! it two: it never costs a probe of every partition.
 //!
 //! Rebuilt at open by scanning the partitions; about 16 bytes of memory per stored key.
 
@@ -18,16 +22,27 @@ use parking_lot::RwLock;
 use crate::retention::partition::PartitionId;
 
 const SHARDS: usize = 64;
-/// Slot value meaning "probe every partition".
-const ANYWHERE: PartitionId = PartitionId::MAX;
 
 /// Where to look for a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Candidates {
     Nowhere,
     /// One or two partitions (an empty slot is 0).
     In([PartitionId; 2]),
-    Anywhere,
+    /// More than two.
+    Several(Vec<PartitionId>),
+}
+
+impl Candidates {
+    /// The partition ids named (empty slots left out).
+    pub(crate) fn ids(&self) -> impl Iterator<Item = PartitionId> + '_ {
+        let ids: &[PartitionId] = match self {
+            Candidates::Nowhere => &[],
+            Candidates::In(ids) => ids,
+            Candidates::Several(ids) => ids,
+        };
+        ids.iter().copied().filter(|&id| id != 0)
+    }
 }
 
 /// The hash is already uniform: the map only needs its bits spread over the low end.
@@ -57,7 +72,16 @@ impl BuildHasher for Spread {
     }
 }
 
-type Shard = RwLock<HashMap<u64, [PartitionId; 2], Spread>>;
+/// One shard's entries. A hash is in one of the two maps, never in both.
+#[derive(Default)]
+struct Entries {
+    /// One or two ids (0: an empty slot).
+    two: HashMap<u64, [PartitionId; 2], Spread>,
+    /// Three or more.
+    more: HashMap<u64, Vec<PartitionId>, Spread>,
+}
+
+type Shard = RwLock<Entries>;
 
 pub(crate) struct KeyIndex {
     seed: u64,
@@ -70,9 +94,7 @@ impl KeyIndex {
     pub(crate) fn new(seed: u64) -> KeyIndex {
         KeyIndex {
             seed,
-            shards: (0..SHARDS)
-                .map(|_| RwLock::new(HashMap::with_hasher(Spread)))
-                .collect(),
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
         }
     }
 
@@ -85,29 +107,55 @@ impl KeyIndex {
     }
 
     pub(crate) fn candidates(&self, hash: u64) -> Candidates {
-        match self.shard(hash).read().get(&hash) {
+        let shard = self.shard(hash).read();
+        if let Some(&ids) = shard.two.get(&hash) {
+            return Candidates::In(ids);
+        }
+        match shard.more.get(&hash) {
+            Some(ids) => Candidates::Several(ids.clone()),
             None => Candidates::Nowhere,
-            Some(&[ANYWHERE, _]) => Candidates::Anywhere,
-            Some(&slots) => Candidates::In(slots),
         }
     }
 
     pub(crate) fn insert(&self, hash: u64, id: PartitionId) {
         let mut shard = self.shard(hash).write();
-        let slots = shard.entry(hash).or_insert([0, 0]);
-        match *slots {
-            [ANYWHERE, _] => {}
-            [a, b] if a == id || b == id => {}
-            [0, b] => *slots = [id, b],
-            [a, 0] => *slots = [a, id],
-            _ => *slots = [ANYWHERE, 0],
+        let Entries { two, more } = &mut *shard;
+        if let Some(ids) = more.get_mut(&hash) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+            return;
         }
+        let [a, b] = two.get(&hash).copied().unwrap_or([0, 0]);
+        let slots = match [a, b] {
+            _ if a == id || b == id => return,
+            [0, b] => [id, b],
+            [a, 0] => [a, id],
+            [a, b] => {
+                two.remove(&hash);
+                more.insert(hash, vec![a, b, id]);
+                return;
+            }
+        };
+        two.insert(hash, slots);
     }
 
     /// Forgets a dropped partition. Shard by shard, so readers wait for one shard at most.
     pub(crate) fn remove_partition(&self, id: PartitionId) {
         for shard in self.shards.iter() {
-            shard.write().retain(|_, slots| {
+            let mut shard = shard.write();
+            let Entries { two, more } = &mut *shard;
+            more.retain(|&hash, ids| {
+                ids.retain(|&x| x != id);
+                if ids.len() > 2 {
+                    return true;
+                }
+                // Back inline; an emptied entry goes with the pass below.
+                let slot = |i: usize| ids.get(i).copied().unwrap_or(0);
+                two.insert(hash, [slot(0), slot(1)]);
+                false
+            });
+            two.retain(|_, slots| {
                 for s in slots.iter_mut() {
                     if *s == id {
                         *s = 0;
@@ -120,7 +168,13 @@ impl KeyIndex {
 
     /// Number of hashes held.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.read();
+                s.two.len() + s.more.len()
+            })
+            .sum()
     }
 }
 
@@ -129,7 +183,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_fill_then_overflow_to_anywhere() {
+    fn a_key_in_more_than_two_partitions_names_each_and_only_them() {
         let index = KeyIndex::new(7);
         let h = index.hash(b"key");
         assert_eq!(index.candidates(h), Candidates::Nowhere);
@@ -141,15 +195,54 @@ mod tests {
         index.remove_partition(3);
         assert_eq!(index.candidates(h), Candidates::In([0, 5]));
         index.insert(h, 6);
+        assert_eq!(index.candidates(h), Candidates::In([6, 5]));
         index.insert(h, 7);
-        assert_eq!(index.candidates(h), Candidates::Anywhere);
-        index.remove_partition(5);
-        assert_eq!(
-            index.candidates(h),
-            Candidates::Anywhere,
-            "cannot tell: stays"
-        );
+        index.insert(h, 8);
+        index.insert(h, 7);
+        assert_eq!(index.candidates(h), Candidates::Several(vec![6, 5, 7, 8]));
         assert_eq!(index.len(), 1);
+        index.remove_partition(5);
+        assert_eq!(index.candidates(h), Candidates::Several(vec![6, 7, 8]));
+        // Down to two: inline again, and the next id finds a free slot.
+        index.remove_partition(7);
+        assert_eq!(index.candidates(h), Candidates::In([6, 8]));
+        index.remove_partition(6);
+        index.insert(h, 9);
+        assert_eq!(index.candidates(h), Candidates::In([9, 8]));
+        assert_eq!(index.len(), 1);
+        index.remove_partition(8);
+        index.remove_partition(9);
+        assert_eq!(index.candidates(h), Candidates::Nowhere);
+        assert_eq!(index.len(), 0);
+    }
+
+    #[test]
+    fn keys_spilled_and_inline_share_a_shard_and_drop_alone() {
+        let index = KeyIndex::new(3);
+        // 3,000 keys over 64 shards: every shard holds keys of both kinds.
+        for i in 0..3000u32 {
+            let h = index.hash(&i.to_le_bytes());
+            let parts = if i % 3 == 0 { 1..=5 } else { 1..=2 };
+            for id in parts {
+                index.insert(h, id);
+            }
+        }
+        assert_eq!(index.len(), 3000);
+        for id in [1, 3, 4] {
+            index.remove_partition(id);
+        }
+        for i in 0..3000u32 {
+            let h = index.hash(&i.to_le_bytes());
+            let want = if i % 3 == 0 { [2, 5] } else { [0, 2] };
+            let mut got: Vec<_> = index.candidates(h).ids().collect();
+            got.sort_unstable();
+            let want: Vec<_> = want.into_iter().filter(|&id| id != 0).collect();
+            assert_eq!(got, want, "key {i}");
+        }
+        index.remove_partition(2);
+        assert_eq!(index.len(), 1000);
+        index.remove_partition(5);
+        assert_eq!(index.len(), 0);
     }
 
     #[test]

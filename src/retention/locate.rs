@@ -15,7 +15,7 @@ use crate::overlay::Slot;
 use crate::record::Record;
 use crate::retention::Rules;
 use crate::retention::horizon::{HORIZON, Horizon, decode_tags, row_until};
-use crate::retention::key_index::{Candidates, KeyIndex};
+use crate::retention::key_index::KeyIndex;
 use crate::retention::partition::{Catalog, Partition, Partitions, partition_tables};
 use crate::scope::RecordKey;
 
@@ -107,12 +107,7 @@ fn copies_expire_by(
     for entry in txn.open_table(INFLIGHT)?.iter()? {
         let (k, _) = entry?;
         let key = RecordKey::from_stored(k.value());
-        let ids: Vec<_> = match index.candidates(index.hash(k.value())) {
-            Candidates::Nowhere => continue,
-            Candidates::In(ids) => ids.into_iter().filter(|&id| id != 0).collect(),
-            Candidates::Anywhere => catalog.parts().iter().map(|p| p.id).collect(),
-        };
-        for id in ids {
+        for id in index.candidates(index.hash(k.value())).ids() {
             let Some(part) = catalog.get(id) else {
                 continue;
             };
@@ -253,19 +248,7 @@ fn in_partitions(
     parts: Partitioned<'_, impl PartitionReader>,
     at: &Lookup<'_>,
 ) -> Result<(), Error> {
-    let ids = match parts.index.candidates(at.hash) {
-        Candidates::Nowhere => return Ok(()),
-        Candidates::In(ids) => ids,
-        Candidates::Anywhere => {
-            for part in parts.catalog.parts() {
-                if let Some(rec) = parts.reader.get(part, at.key)? {
-                    found.consider(rec, at.now);
-                }
-            }
-            return Ok(());
-        }
-    };
-    for id in ids.into_iter().filter(|&id| id != 0) {
+    for id in parts.index.candidates(at.hash).ids() {
         if let Some(part) = parts.catalog.get(id)
             && let Some(rec) = parts.reader.get(part, at.key)?
         {

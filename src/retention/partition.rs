@@ -228,7 +228,7 @@ impl Partitions {
         let id = {
             let mut next = self.next_id.write();
             let id = *next;
-            // 0 means "empty" and MAX "anywhere" in the key index; neither is an id.
+            // 0 is the key index's empty slot, never an id.
             *next = if *next >= PartitionId::MAX - 1 {
                 1
             } else {

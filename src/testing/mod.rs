@@ -75,6 +75,20 @@ pub fn queued_ops(db: &crate::IdemDb) -> usize {
     db.writer.queued()
 }
 
+/// How many partitions a lookup of `key` in `scope` reads: those the key index names for it
+/// that are still in the catalog (docs/design.md §8.3).
+pub fn partitions_probed(
+    db: &crate::IdemDb,
+    scope: &crate::Scope,
+    key: &crate::Key,
+) -> Result<usize, crate::Error> {
+    let key = crate::scope::RecordKey::encode(scope, key, db.limits())?;
+    let layout = &db.engine.layout;
+    let catalog = layout.partitions.catalog();
+    let named = layout.index.candidates(layout.index.hash(key.as_bytes()));
+    Ok(named.ids().filter(|&id| catalog.get(id).is_some()).count())
+}
+
 /// Makes every refresh of the shared read snapshot fail from now on (and drops the current
 /// one): readers then open a read transaction of their own, which shows commits that are not
 /// durable yet, so only the durability tracker stands between them and such state.
