@@ -1,5 +1,5 @@
 //! The engines under test, behind one small interface (the fsync floor is in
-//! `shared/floor.rs`).
+//! `shared/floor.rs`, and as an engine of one sync per write per caller in `floors.rs`).
 //!
 //! - `idemdb`: the crate, through its public sync API (and its async API in the async cells:
 //!   [`IdemTask`]).
@@ -23,6 +23,7 @@ use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::floors::Floors;
 use crate::postgres::Postgres;
 use crate::redis::Redis;
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
@@ -84,19 +85,22 @@ pub enum Kind {
     SqliteShared,
     Redis,
     Postgres,
+    /// The fsync floor, one file and one sync per write per caller (`floors.rs`).
+    Floor,
 }
 
 impl Kind {
     /// The embedded engines every cell compares.
     pub const MAIN: [Kind; 3] = [Kind::Idem, Kind::Naive, Kind::Sqlite];
     /// Every engine, in the summary's column order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Idem,
         Kind::Naive,
         Kind::Sqlite,
         Kind::SqliteShared,
         Kind::Redis,
         Kind::Postgres,
+        Kind::Floor,
     ];
 
     /// The embedded engines compared in a cell with `threads` concurrent callers: the shared
@@ -118,6 +122,7 @@ impl Kind {
             Kind::SqliteShared => "sqlite_shared",
             Kind::Redis => "redis",
             Kind::Postgres => "postgres",
+            Kind::Floor => "fsync_floor",
         }
     }
 
@@ -139,6 +144,7 @@ impl Kind {
             }
             Kind::Redis => Arc::new(Redis::open(dir)),
             Kind::Postgres => Arc::new(Postgres::open()),
+            Kind::Floor => Arc::new(Floors::new(dir)),
         }
     }
 }

@@ -10,7 +10,8 @@
 //! - `reserve_1`: one caller reserving fresh keys, beside the fsync floor; and idemdb's
 //!   reserves interleaved op by op with floor ops (`idemdb_beside_floor`).
 //! - `lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads, with the
-//!   CPU per lifecycle (this process's and the server's).
+//!   CPU per lifecycle (this process's and the server's); beside them `fsync_floor`, N
+//!   threads each syncing its own two writes per lifecycle (`floors.rs`).
 //! - `lifecycle_async_{1,4,16,64}`: the same lifecycles by N tasks on one current-thread tokio
 //!   runtime (one OS thread, living across iterations), each task with its own session:
 //!   idemdb's `reserve_async` + `complete_async`, Redis's same two commands over a tokio
@@ -32,6 +33,7 @@
 //! `target/bench-results/summary.md`. `-- report-only` re-prints the last run's table.
 
 mod engines;
+mod floors;
 mod pool;
 mod postgres;
 mod redis;
@@ -70,7 +72,9 @@ fn main() {
 
     reserve_1(&mut c, root.path(), &lineup.with_servers(&Kind::MAIN));
     for n in [1, 4, 16, 64] {
-        let kinds = lineup.with_servers(Kind::for_threads(n));
+        // The floor first, right before idemdb: the disk as idemdb finds it.
+        let mut kinds = vec![Kind::Floor];
+        kinds.extend(lineup.with_servers(Kind::for_threads(n)));
         concurrent(&mut c, root.path(), "lifecycle", n, Work::Lifecycle, &kinds);
     }
     for n in [1, 4, 16, 64] {

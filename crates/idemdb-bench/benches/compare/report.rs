@@ -95,7 +95,7 @@ struct Row {
     metric: &'static str,
     better: Better,
     /// Per engine, in `Kind::ALL`'s order: idemdb first.
-    vals: [Option<f64>; 6],
+    vals: [Option<f64>; 7],
     digits: usize,
 }
 
@@ -116,7 +116,7 @@ fn rows(side: &Side) -> Vec<Row> {
         side.get(&format!("{cell}/{engine}"))?.get(name).copied()
     };
     let per_engine =
-        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 6] { Kind::ALL.map(|k| f(k.id())) };
+        |f: &dyn Fn(&str) -> Option<f64>| -> [Option<f64>; 7] { Kind::ALL.map(|k| f(k.id())) };
     let mut rows = Vec::new();
     let cell = "reserve_1";
     rows.push(Row {
@@ -264,6 +264,8 @@ fn fmt_ratio(r: Option<f64>) -> String {
 const REDIS: usize = 4;
 /// Naive redb's column.
 const NAIVE: usize = 1;
+/// The fsync floor's column: a sync per write per caller.
+const FLOOR: usize = 6;
 
 struct Target {
     what: &'static str,
@@ -503,6 +505,41 @@ fn targets_24(rows: &[Row], side: &Side) -> Vec<Target> {
     ]
 }
 
+/// Each lifecycle cell against its floor: how far each engine shares syncs between callers.
+fn write_disk_bound(md: &mut String, rows: &[Row]) {
+    let _ = writeln!(
+        md,
+        "\nLifecycles/s against the floor at as many callers (each caller's own 4 KiB pwrite + \
+         fdatasync per write, two per lifecycle, every caller its own file; above 1× an engine \
+         shares syncs between callers):\n"
+    );
+    table_row(
+        md,
+        &[
+            "callers",
+            "floor, lifecycles/s",
+            "idemdb ÷ floor",
+            "Redis ÷ floor",
+        ],
+    );
+    let _ = writeln!(md, "|--:|--:|--:|--:|");
+    for n in [1, 4, 16, 64] {
+        let Some(row) = find(rows, &format!("lifecycle_{n}"), "lifecycles/s") else {
+            continue;
+        };
+        let of = |i: usize| row.vals[i].zip(row.vals[FLOOR]).map(|(a, f)| a / f);
+        table_row(
+            md,
+            &[
+                n.to_string(),
+                fmt_val(row.vals[FLOOR], 0),
+                fmt_ratio(of(0)),
+                fmt_ratio(of(REDIS)),
+            ],
+        );
+    }
+}
+
 /// Saves the side data of this run (merged over the last run's), then prints and writes the
 /// summary. In criterion's test mode nothing is measured, so nothing is written.
 pub fn finish(test_mode: bool, servers: &[(String, String)]) {
@@ -545,14 +582,19 @@ pub fn finish(test_mode: bool, servers: &[(String, String)]) {
             "SQLite, 1 shared conn",
             "Redis always",
             "PostgreSQL table",
+            "fsync floor, a sync per write per caller",
             "idemdb ÷ naive",
             "idemdb ÷ SQLite",
             "idemdb ÷ SQLite 1 conn",
             "idemdb ÷ Redis",
             "idemdb ÷ PostgreSQL",
+            "idemdb ÷ floor",
         ],
     );
-    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(
+        md,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
     for r in &rows {
         let mut cells = vec![r.cell.clone(), r.metric.to_string()];
         cells.extend(r.vals.map(|v| fmt_val(v, r.digits)));
@@ -573,6 +615,7 @@ pub fn finish(test_mode: bool, servers: &[(String, String)]) {
         fmt_val(floor_p99.map(|v| v / 1e3), 0),
         fmt_ratio(idem_reserve.zip(floor_median).map(|(a, b)| a / b)),
     );
+    write_disk_bound(&mut md, &rows);
     let busy = side
         .get("run/sqlite")
         .and_then(|m| m.get("busy_retries"))
@@ -629,7 +672,7 @@ pub fn finish(test_mode: bool, servers: &[(String, String)]) {
         "replay_2",
         "replay_1_load64",
     ] {
-        for bench in Kind::ALL.map(Kind::id).into_iter().chain(["fsync_floor"]) {
+        for bench in Kind::ALL.map(Kind::id) {
             if let Some(e) = estimate(cell, bench) {
                 estimates.insert(
                     format!("{cell}/{bench}"),
