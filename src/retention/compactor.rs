@@ -35,6 +35,12 @@ pub struct CompactionReport {
     pub horizon_sets_retired: u64,
 }
 
+/// Partitions dropped in one durable commit, at most, and the records in them: a pass holds
+/// the writer once for what is due at a time (six 10 s partitions a minute), and a backlog (a
+/// store opened after days) drops in steps that each hold it for a bounded time.
+const DROPS_PER_COMMIT: usize = 64;
+const RECORDS_PER_COMMIT: u64 = 1 << 16;
+
 /// One pass at `now`. Passes are serialised by the writer's compaction lock.
 pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Error> {
     let engine = &*writer.engine;
@@ -55,74 +61,121 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
         .filter(|p| p.name.drop_at() <= now)
         .cloned()
         .collect();
-    for part in due {
-        report.records_expired += drop_partition(writer, &part, now)?;
-        report.partitions_dropped += 1;
+    let mut due = due.into_iter().peekable();
+    while due.peek().is_some() {
+        // Read outside the writer, so the batches do not wait for it; checked again below.
+        let read = engine.db.begin_read()?;
+        let mut step = Vec::new();
+        let mut records = 0;
+        while step.len() < DROPS_PER_COMMIT && records < RECORDS_PER_COMMIT {
+            let Some(part) = due.next() else {
+                break;
+            };
+            let keys = match read.open_table(part.table()) {
+                Ok(table) => read_keys(&table, &engine.layout.index)?,
+                Err(redb::TableError::TableDoesNotExist(_)) => Keys::default(),
+                Err(e) => return Err(e.into()),
+            };
+            records += keys.count;
+            step.push((part, keys));
+        }
+        drop(read);
+        let partitions = step.len() as u64;
+        report.records_expired += drop_partitions(writer, step, now)?;
+        report.partitions_dropped += partitions;
     }
     report.in_flight_expired = sweep_in_flight(writer, now)?;
     report.horizon_sets_retired = retire_horizon(writer, now)?;
     Ok(report)
 }
 
-/// Drops `part`, keeping its keys' tags for the extended horizon. Returns its record count.
-fn drop_partition(writer: &Writer, part: &Partition, now: u64) -> Result<u64, Error> {
-    let engine = &*writer.engine;
-    let layout = &engine.layout;
-    let until = part.name.horizon(&layout.rules);
-    let keep = layout.rules.keeps(until, now);
-    // Read outside the writer, so the batches do not wait for it; checked again below.
-    let read = match engine.db.begin_read()?.open_table(part.table()) {
-        Ok(table) => read_keys(&table, &layout.index, keep)?,
-        Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let (count, _) = writer.exclusive(
-        |txn| {
-            let (count, tags) = match txn.open_table(part.table()) {
-                // A batch that read the clock before this pass did may have added a record
-                // (already expired) since the read: read again, under the writer's lock.
-                Ok(table) if table.len()? != read.0 => read_keys(&table, &layout.index, keep)?,
-                Ok(_) => read,
-                Err(redb::TableError::TableDoesNotExist(_)) => (0, Vec::new()),
-                Err(e) => return Err(e.into()),
-            };
-            txn.delete_table(part.table())?;
-            if keep && !tags.is_empty() {
-                write_row(txn, until, &part.table, &tags)?;
-            }
-            Ok((count, tags))
-        },
-        // Under the writer's lock and after the commit, so that no batch reopens (and so
-        // recreates) the table, none runs between the drop and the recognition of its keys,
-        // and a drop that did not commit is not forgotten in memory.
-        |(_, tags)| {
-            layout.partitions.remove(part.id);
-            layout.horizon.add(tags.iter().copied(), until);
-        },
-    )?;
-    // After the commit, outside the writer's lock: a batch that still finds the id in the
-    // index skips it, as the catalog no longer has it.
-    layout.index.remove_partition(part.id);
-    engine.stats.add_n(Counter::ExpiredRecords, count);
-    engine.stats.add(Counter::PartitionsDropped);
-    Ok(count)
+/// A partition's record count and its keys' index hashes, sorted and distinct.
+#[derive(Default)]
+struct Keys {
+    count: u64,
+    hashes: Vec<u64>,
 }
 
-/// The number of records in a partition table and, if `with_tags`, their keys' tags, sorted.
+/// Drops `step`'s partitions in one durable commit, keeping their keys' tags for the extended
+/// horizon. Returns their record count.
+fn drop_partitions(
+    writer: &Writer,
+    step: Vec<(Arc<Partition>, Keys)>,
+    now: u64,
+) -> Result<u64, Error> {
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
+    let dropped = writer.exclusive(
+        |txn| {
+            let mut dropped = Vec::with_capacity(step.len());
+            for (part, read) in step {
+                let keys = match txn.open_table(part.table()) {
+                    // A batch that read the clock before this pass did may have added a
+                    // record (already expired) since the read: read again, under the
+                    // writer's lock.
+                    Ok(table) if table.len()? != read.count => read_keys(&table, &layout.index)?,
+                    Ok(_) => read,
+                    Err(redb::TableError::TableDoesNotExist(_)) => Keys::default(),
+                    Err(e) => return Err(e.into()),
+                };
+                txn.delete_table(part.table())?;
+                let until = part.name.horizon(&layout.rules);
+                let tags = if layout.rules.keeps(until, now) {
+                    tags_of(&keys.hashes)
+                } else {
+                    Vec::new()
+                };
+                if !tags.is_empty() {
+                    write_row(txn, until, &part.table, &tags)?;
+                }
+                dropped.push((part, keys, until, tags));
+            }
+            Ok(dropped)
+        },
+        // Under the writer's lock and after the commit, so that no batch reopens (and so
+        // recreates) a table, none runs between a drop and the recognition of its keys, and
+        // a drop that did not commit is not forgotten in memory.
+        |dropped| {
+            for (part, _, until, tags) in dropped {
+                layout.partitions.remove(part.id);
+                layout.horizon.add(tags.iter().copied(), *until);
+            }
+        },
+    )?;
+    let mut records = 0;
+    for (part, keys, _, _) in dropped {
+        // After the commit, outside the writer's lock: a batch that still finds the id in
+        // the index skips it, as the catalog no longer has it.
+        layout.index.remove_keys(&keys.hashes, part.id);
+        engine.stats.add_n(Counter::ExpiredRecords, keys.count);
+        engine.stats.add(Counter::PartitionsDropped);
+        records += keys.count;
+    }
+    Ok(records)
+}
+
+/// The record count of a partition table and its keys' index hashes.
 fn read_keys(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     index: &crate::retention::key_index::KeyIndex,
-    with_tags: bool,
-) -> Result<(u64, Vec<u32>), Error> {
-    let mut tags = Vec::new();
-    if with_tags {
-        for entry in table.iter()? {
-            tags.push(tag(index.hash(entry?.0.value())));
-        }
-        tags.sort_unstable();
-        tags.dedup();
+) -> Result<Keys, Error> {
+    let mut hashes = Vec::new();
+    for entry in table.iter()? {
+        hashes.push(index.hash(entry?.0.value()));
     }
-    Ok((table.len()?, tags))
+    hashes.sort_unstable();
+    hashes.dedup();
+    Ok(Keys {
+        count: table.len()?,
+        hashes,
+    })
+}
+
+/// The horizon tags of sorted hashes: their upper halves, sorted and distinct.
+fn tags_of(hashes: &[u64]) -> Vec<u32> {
+    let mut tags: Vec<u32> = hashes.iter().map(|&h| tag(h)).collect();
+    tags.dedup();
+    tags
 }
 
 /// Removes IN_PROGRESS records whose lease ended more than a TTL ago: their owner is gone.

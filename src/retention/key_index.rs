@@ -83,6 +83,11 @@ struct Entries {
 
 type Shard = RwLock<Entries>;
 
+/// The top 6 bits: sorted hashes come shard by shard.
+fn shard_of(hash: u64) -> usize {
+    (hash >> 58) as usize % SHARDS
+}
+
 pub(crate) struct KeyIndex {
     seed: u64,
     shards: Box<[Shard]>,
@@ -103,7 +108,7 @@ impl KeyIndex {
     }
 
     fn shard(&self, hash: u64) -> &Shard {
-        &self.shards[(hash >> 58) as usize % SHARDS]
+        &self.shards[shard_of(hash)]
     }
 
     pub(crate) fn candidates(&self, hash: u64) -> Candidates {
@@ -140,29 +145,40 @@ impl KeyIndex {
         two.insert(hash, slots);
     }
 
-    /// Forgets a dropped partition. Shard by shard, so readers wait for one shard at most.
-    pub(crate) fn remove_partition(&self, id: PartitionId) {
-        for shard in self.shards.iter() {
-            let mut shard = shard.write();
+    /// Forgets a dropped partition: `id` leaves the entries of `hashes`, its keys' hashes,
+    /// sorted (so that each shard's keys come together and its lock is taken once). Costs the
+    /// partition's keys, not the index's. An id that names a key the partition did not hold
+    /// (a rolled-back write) stays: an extra probe, until the next open rebuilds the index.
+    pub(crate) fn remove_keys(&self, hashes: &[u64], id: PartitionId) {
+        for run in hashes.chunk_by(|a, b| shard_of(*a) == shard_of(*b)) {
+            let Some(&first) = run.first() else {
+                continue;
+            };
+            let mut shard = self.shard(first).write();
             let Entries { two, more } = &mut *shard;
-            more.retain(|&hash, ids| {
-                ids.retain(|&x| x != id);
-                if ids.len() > 2 {
-                    return true;
-                }
-                // Back inline; an emptied entry goes with the pass below.
-                let slot = |i: usize| ids.get(i).copied().unwrap_or(0);
-                two.insert(hash, [slot(0), slot(1)]);
-                false
-            });
-            two.retain(|_, slots| {
-                for s in slots.iter_mut() {
-                    if *s == id {
-                        *s = 0;
+            for hash in run {
+                if let Some(slots) = two.get_mut(hash) {
+                    for s in slots.iter_mut() {
+                        if *s == id {
+                            *s = 0;
+                        }
+                    }
+                    if *slots == [0, 0] {
+                        two.remove(hash);
+                    }
+                } else if let Some(ids) = more.get_mut(hash) {
+                    ids.retain(|&x| x != id);
+                    if ids.len() <= 2 {
+                        // Back inline (an emptied entry goes).
+                        let slot = |i: usize| ids.get(i).copied().unwrap_or(0);
+                        let slots = [slot(0), slot(1)];
+                        more.remove(hash);
+                        if slots != [0, 0] {
+                            two.insert(*hash, slots);
+                        }
                     }
                 }
-                *slots != [0, 0]
-            });
+            }
         }
     }
 
@@ -192,7 +208,7 @@ mod tests {
         assert_eq!(index.candidates(h), Candidates::In([3, 0]));
         index.insert(h, 5);
         assert_eq!(index.candidates(h), Candidates::In([3, 5]));
-        index.remove_partition(3);
+        index.remove_keys(&[h], 3);
         assert_eq!(index.candidates(h), Candidates::In([0, 5]));
         index.insert(h, 6);
         assert_eq!(index.candidates(h), Candidates::In([6, 5]));
@@ -201,19 +217,29 @@ mod tests {
         index.insert(h, 7);
         assert_eq!(index.candidates(h), Candidates::Several(vec![6, 5, 7, 8]));
         assert_eq!(index.len(), 1);
-        index.remove_partition(5);
+        index.remove_keys(&[h], 5);
         assert_eq!(index.candidates(h), Candidates::Several(vec![6, 7, 8]));
         // Down to two: inline again, and the next id finds a free slot.
-        index.remove_partition(7);
+        index.remove_keys(&[h], 7);
         assert_eq!(index.candidates(h), Candidates::In([6, 8]));
-        index.remove_partition(6);
+        index.remove_keys(&[h], 6);
         index.insert(h, 9);
         assert_eq!(index.candidates(h), Candidates::In([9, 8]));
         assert_eq!(index.len(), 1);
-        index.remove_partition(8);
-        index.remove_partition(9);
+        // A key the partition does not hold keeps its entry.
+        index.remove_keys(&[index.hash(b"other")], 8);
+        assert_eq!(index.candidates(h), Candidates::In([9, 8]));
+        index.remove_keys(&[h], 8);
+        index.remove_keys(&[h], 9);
         assert_eq!(index.candidates(h), Candidates::Nowhere);
         assert_eq!(index.len(), 0);
+    }
+
+    /// The hashes of keys `keys`, sorted, as a dropped partition gives them.
+    fn hashes(index: &KeyIndex, keys: impl Iterator<Item = u32>) -> Vec<u64> {
+        let mut out: Vec<u64> = keys.map(|i| index.hash(&i.to_le_bytes())).collect();
+        out.sort_unstable();
+        out
     }
 
     #[test]
@@ -228,8 +254,11 @@ mod tests {
             }
         }
         assert_eq!(index.len(), 3000);
-        for id in [1, 3, 4] {
-            index.remove_partition(id);
+        let all = hashes(&index, 0..3000);
+        let spilled = hashes(&index, (0..3000).filter(|i| i % 3 == 0));
+        index.remove_keys(&all, 1);
+        for id in [3, 4] {
+            index.remove_keys(&spilled, id);
         }
         for i in 0..3000u32 {
             let h = index.hash(&i.to_le_bytes());
@@ -239,9 +268,9 @@ mod tests {
             let want: Vec<_> = want.into_iter().filter(|&id| id != 0).collect();
             assert_eq!(got, want, "key {i}");
         }
-        index.remove_partition(2);
+        index.remove_keys(&all, 2);
         assert_eq!(index.len(), 1000);
-        index.remove_partition(5);
+        index.remove_keys(&spilled, 5);
         assert_eq!(index.len(), 0);
     }
 
@@ -252,9 +281,9 @@ mod tests {
             index.insert(index.hash(&i.to_le_bytes()), 1 + i % 2);
         }
         assert_eq!(index.len(), 1000);
-        index.remove_partition(1);
+        index.remove_keys(&hashes(&index, (0..1000).filter(|i| i % 2 == 0)), 1);
         assert_eq!(index.len(), 500);
-        index.remove_partition(2);
+        index.remove_keys(&hashes(&index, (0..1000).filter(|i| i % 2 == 1)), 2);
         assert_eq!(index.len(), 0);
     }
 }
