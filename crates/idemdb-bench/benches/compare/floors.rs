@@ -1,5 +1,5 @@
 //! The fsync floor as an engine: each caller thread does its own durable writes, one 4 KiB
-//! `pwrite` + `fdatasync` each, in a file of its own; nothing is shared and nothing is
+//! `pwrite` + `fdatasync` each, in a file of its own (4 MiB, as `reserve_1`'s floor); nothing is shared and nothing is
 //! batched. In a cell of N callers it is what N callers make when every write of theirs waits
 //! for its own sync and the disk merges what it can of them (`lifecycle_N`'s `fsync_floor`
 //! column): an engine above it shares syncs between callers, one below it adds to them.
@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::engines::{Engine, Session};
-use crate::shared::floor::FsyncFloor;
-
-/// Blocks in each caller's file (256 KiB): 64 callers preallocate 16 MiB, not 256.
-const BLOCKS: u64 = 64;
+use crate::shared::floor::{FLOOR_BLOCKS, FsyncFloor};
 
 pub struct Floors {
     dir: PathBuf,
@@ -34,7 +31,9 @@ impl Engine for Floors {
         let n = self.sessions.fetch_add(1, Ordering::Relaxed);
         let name = format!("floor-{n}.bin");
         Box::new(FloorSession(FsyncFloor::open_named(
-            &self.dir, &name, BLOCKS,
+            &self.dir,
+            &name,
+            FLOOR_BLOCKS,
         )))
     }
 

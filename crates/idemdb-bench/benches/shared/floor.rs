@@ -12,8 +12,10 @@ pub struct FsyncFloor {
     blocks: u64,
 }
 
-/// Blocks of the file `open` makes (4 MiB): the writes cycle through them.
-const FLOOR_BLOCKS: u64 = 1024;
+/// Blocks of the file `open` makes (4 MiB): the writes cycle through them. Every floor uses
+/// this size: on this VM a sync into a file of 64 blocks was 10–30% faster (83–87 µs against
+/// 90–119 µs at the median, alternated), so a smaller file would flatter the floor.
+pub const FLOOR_BLOCKS: u64 = 1024;
 
 impl FsyncFloor {
     /// The floor on `dir/floor.bin`.
