@@ -51,8 +51,10 @@ pub enum Script {
     /// reserve with a short lease, the clock passes it, a takeover, the stale owner is
     /// fenced, the new owner completes
     Takeover,
-    /// under the short-TTL operation (see [`open_workload`]): reserve, complete, the clock
-    /// passes the TTL, `compact_now` drops the partition, the key comes back and is acquired
+    /// under the short-TTL operation (see [`open_workload`]): reserve, complete, and twice
+    /// more after the clock passed the TTL (acquired flagged beyond the horizon: three
+    /// partitions hold the key), a duplicate that must replay the newest; then the clock
+    /// passes the TTL, `compact_now` drops the partitions, the key comes back and is acquired
     /// flagged beyond the horizon, and completes again
     Expire,
 }
@@ -496,6 +498,27 @@ fn run(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> Op
             log.call(Expect::Expiring(first.clone()), || {
                 owner_call(db.complete(&r, first.clone()))
             })?;
+            // Acquired again after each expiry, before any drop: the key is written in three
+            // partitions, and its lookups must name the newest (key_index.rs, mutant K1).
+            let mut completed_at = 0;
+            for step in ["e2", "e3"] {
+                clock.advance(Duration::from_secs(3));
+                let r = reserve_in(db, &scope, log, LONG_LEASE, false, true)?;
+                let again = response(&key, step);
+                completed_at = clock.now_ms();
+                log.call(Expect::Expiring(again.clone()), || {
+                    owner_call(db.complete(&r, again.clone()))
+                })?;
+            }
+            let found = db.get(&scope, &Key::new(&key)).ok()?;
+            // Unless another caller's script moved the clock past its TTL meanwhile.
+            if clock.now_ms() == completed_at {
+                assert_eq!(
+                    found.map(|r| r.response),
+                    Some(response(&key, "e3")),
+                    "a key in three partitions: the newest must answer"
+                );
+            }
             clock.advance(Duration::from_secs(3));
             let same = log.acked.clone();
             log.compacting = true;
@@ -503,9 +526,9 @@ fn run(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> Op
             log.compacting = false;
             log.dropped = true;
             let r = reserve_in(db, &scope, log, LONG_LEASE, false, true)?;
-            let second = response(&key, "e2");
-            log.call(Expect::Expiring(second.clone()), || {
-                owner_call(db.complete(&r, second.clone()))
+            let last = response(&key, "e4");
+            log.call(Expect::Expiring(last.clone()), || {
+                owner_call(db.complete(&r, last.clone()))
             })
         }
     }

@@ -158,6 +158,12 @@ fn a_key_written_in_many_windows_is_looked_up_in_those_alone() {
             round as usize + 1
         );
         assert_eq!(answer(&db), Some(format!("tick {round}").into_bytes()));
+        // A duplicate through the writer replays the newest too.
+        assert_eq!(
+            db.reserve(&poll, &key, b"x", LEASE).unwrap(),
+            ReserveOutcome::Completed(format!("tick {round}").into_bytes()),
+            "round {round}"
+        );
     }
     assert_eq!(db.stats().partitions, WINDOWS + ROUNDS);
     assert_eq!(partitions_probed(&db, &scope, &Key::new("k7")).unwrap(), 1);
