@@ -9,14 +9,17 @@
 //! test can have checkpoints taken while it runs. `IDEMDB_WORKER_OPS` stops each thread after
 //! that many operations (it then waits to be killed), so that a test whose rows need the
 //! checkpoint to stay put never fills the log (growing it takes a checkpoint) however fast
-//! the machine is.
+//! the machine is. `IDEMDB_WORKER_TTL_MS` gives the records that TTL, partitions a quarter of
+//! it wide and a compactor every tenth of it, so that partitions expire and drop while the
+//! workload runs; the worker then also prints `DROPS n` whenever the count of partitions it
+//! dropped grows.
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemdb::redb::TableDefinition;
-use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Scope};
+use idemdb::{Error, ExecuteOutcome, IdemDb, Key, Outcome, ReserveOutcome, Retention, Scope};
 
 /// Business rows written in the same commit as their records.
 const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
@@ -92,6 +95,15 @@ fn worker(db: &IdemDb, run: &str, thread: usize, ops: u64) -> Result<(), Error> 
     Ok(())
 }
 
+/// Records live `ttl_ms`; partitions are a quarter of it wide; the compactor looks every tenth
+/// of it. Must match tests/common/worker.rs.
+fn expiring(ttl_ms: u64) -> Retention {
+    Retention::default()
+        .ttl(Duration::from_millis(ttl_ms))
+        .partition_width(Duration::from_millis((ttl_ms / 4).max(1)))
+        .compact_interval(Some(Duration::from_millis((ttl_ms / 10).max(1))))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: crash_worker DB_PATH RUN_ID")?;
@@ -105,8 +117,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(n) => n.parse()?,
         Err(_) => u64::MAX,
     };
+    let expiring = match std::env::var("IDEMDB_WORKER_TTL_MS") {
+        Ok(ms) => {
+            let ttl: u64 = ms.parse()?;
+            builder = builder.retention(expiring(ttl));
+            true
+        }
+        Err(_) => false,
+    };
     let db = Arc::new(builder.open(path)?);
     say("READY".into());
+    if expiring {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || {
+            let mut said = 0;
+            loop {
+                let dropped = db.stats().partitions_dropped;
+                if dropped > said {
+                    say(format!("DROPS {dropped}"));
+                    said = dropped;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    }
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let (db, run) = (Arc::clone(&db), run.clone());

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Instant;
 
-use common::worker::{Acks, Worker, open_worker_db};
+use common::worker::{Acks, Worker, open_expiring_worker_db, open_worker_db};
 
 const KILLS: usize = 60;
 
@@ -55,4 +55,54 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         started.elapsed().as_secs_f64()
     );
     assert!(acks.lines > KILLS, "the worker acknowledged almost nothing");
+}
+
+/// Records of a 200 ms TTL, in 50 ms partitions, with the worker's compactor looking every
+/// 20 ms: over the kills, partitions expire and drop (each step a durable commit) while the
+/// workload writes, and some kills land during a pass. After each kill: every acknowledged
+/// outcome that cannot have expired holds, every record still there is what was
+/// acknowledged, and tokens stay above all issued. (Power loss inside each sync of a drop
+/// step: crash_power_loss, whose Expire script compacts.)
+#[test]
+fn sigkill_while_partitions_expire_and_drop_loses_nothing_live() {
+    const TTL_MS: u64 = 200;
+    let mut worker = Worker::new();
+    worker.ttl_ms = Some(TTL_MS);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("expiring.idemdb");
+    let mut acks = Acks::default();
+    let mut rng = 0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64;
+    let started = Instant::now();
+    let mut runs_with_drops = 0;
+    for run in 0..KILLS {
+        let before = acks.drops;
+        // Long enough, some runs, for the partitions of the runs before to come due.
+        worker.run_and_kill(
+            &path,
+            &format!("x{run}"),
+            5 + xorshift(&mut rng) % 120,
+            &mut acks,
+        );
+        runs_with_drops += usize::from(acks.drops > before);
+        let mut raw = idemdb::redb::Database::open(&path).unwrap();
+        assert!(raw.check_integrity().unwrap(), "redb integrity check (I4)");
+        drop(raw);
+        let db = open_expiring_worker_db(&path, TTL_MS).unwrap();
+        acks.check_outcomes_expiring(&db, Some(TTL_MS));
+        acks.check_tokens(&db, &format!("probe-x{run}"));
+    }
+    eprintln!(
+        "{KILLS} kills, {} acknowledged outcomes over {} keys, {} partitions dropped in {} \
+         runs, {:.1} s",
+        acks.lines,
+        acks.keys.len(),
+        acks.drops,
+        runs_with_drops,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(acks.lines > KILLS, "the worker acknowledged almost nothing");
+    assert!(
+        runs_with_drops >= KILLS / 4,
+        "partitions dropped in only {runs_with_drops} of {KILLS} runs"
+    );
 }

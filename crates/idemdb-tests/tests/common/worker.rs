@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idemdb::redb::{ReadableTable, TableDefinition};
-use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, Scope};
+use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, Retention, Scope};
 
 /// The worker's business table, registered so that its rows ride in the log.
 pub const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
@@ -45,6 +45,11 @@ pub struct Acks {
     pub keys: BTreeMap<String, Acked>,
     pub max_token: u64,
     pub lines: usize,
+    /// For each key, the wall-clock time (ms since the epoch) its run started: none of its
+    /// records was written before.
+    pub since: BTreeMap<String, u64>,
+    /// Partitions the workers said they dropped, summed over the runs.
+    pub drops: u64,
 }
 
 /// The crash worker, built once per test binary.
@@ -55,6 +60,9 @@ pub struct Worker {
     /// Operations per worker thread before it stops and waits for the kill (default: no
     /// limit).
     pub ops_per_thread: Option<u64>,
+    /// The records' TTL, in ms: partitions expire and drop while the worker runs
+    /// ([`expiring`]). Default: the store's (a day).
+    pub ttl_ms: Option<u64>,
 }
 
 impl Worker {
@@ -63,6 +71,7 @@ impl Worker {
             bin: super::example_binary("crash_worker"),
             checkpoint_ms: None,
             ops_per_thread: None,
+            ttl_ms: None,
         }
     }
 
@@ -81,6 +90,10 @@ impl Worker {
         if let Some(n) = self.ops_per_thread {
             command.env("IDEMDB_WORKER_OPS", n.to_string());
         }
+        if let Some(ms) = self.ttl_ms {
+            command.env("IDEMDB_WORKER_TTL_MS", ms.to_string());
+        }
+        let started = now_ms();
         let mut child = command.spawn().unwrap();
         let mut stdout = child.stdout.take().unwrap();
         // Wait for READY so the kill lands in the workload, not in process start-up.
@@ -92,15 +105,21 @@ impl Worker {
         let mut out = String::new();
         stdout.read_to_string(&mut out).unwrap();
         child.wait().unwrap();
-        acks.absorb(&out);
+        acks.absorb(&out, started);
     }
 }
 
 impl Acks {
-    /// Adds the lines a worker printed (a last line cut by the kill is skipped).
-    pub fn absorb(&mut self, out: &str) {
+    /// Adds the lines a worker that started at `started` (ms since the epoch) printed (a last
+    /// line cut by the kill is skipped).
+    pub fn absorb(&mut self, out: &str, started: u64) {
+        let mut drops = 0;
         for line in out.lines() {
             let parts: Vec<&str> = line.split(' ').collect();
+            if let ["DROPS", n] = parts.as_slice() {
+                drops = n.parse().unwrap_or(drops).max(drops);
+                continue;
+            }
             let step = match parts.as_slice() {
                 ["ACQ", _, token] => {
                     let Ok(t) = token.parse::<u64>() else {
@@ -116,13 +135,23 @@ impl Acks {
                 _ => continue,
             };
             self.keys.insert(parts[1].to_string(), step);
+            self.since.entry(parts[1].to_string()).or_insert(started);
             self.lines += 1;
         }
+        self.drops += drops;
     }
 
     /// I1, I2: every acknowledged outcome holds in `db` (or the step in flight after it
     /// happened), each completion with its business row, byte for byte.
     pub fn check_outcomes(&self, db: &IdemDb) {
+        self.check_outcomes_expiring(db, None);
+    }
+
+    /// [`check_outcomes`](Self::check_outcomes) for records that live `ttl_ms`: a finished
+    /// record whose run started a TTL or more ago may be gone (expired, its partition
+    /// dropped, its business row left); one that is there must be what was acknowledged.
+    /// An IN_PROGRESS record (its lease is an hour) and anything newer are checked whole.
+    pub fn check_outcomes_expiring(&self, db: &IdemDb, ttl_ms: Option<u64>) {
         let rows: BTreeMap<String, Vec<u8>> = {
             let read = db.begin_read().unwrap();
             match read.open_table(ORDERS) {
@@ -141,6 +170,16 @@ impl Acks {
             let rec = db.get(&scope(), &Key::new(key)).unwrap();
             let row = rows.get(key);
             let state = rec.as_ref().map(|r| r.state);
+            // Read after the lookup, whose clock it is not behind: a record the lookup found
+            // expired was written no earlier than its run started.
+            let may_have_expired = ttl_ms.is_some_and(|ttl| now_ms() >= self.since[key] + ttl);
+            if rec.is_none() && may_have_expired && *step != Acked::Released {
+                // Expired, its partition perhaps dropped; a business row stays, whole.
+                if let Some(bytes) = row {
+                    assert_eq!(bytes, &response(key), "{key}: the row of an expired record");
+                }
+                continue;
+            }
             // Every completion in the worker writes a row in its commit, and nothing else does.
             assert_eq!(
                 row.is_some(),
@@ -199,4 +238,29 @@ impl Acks {
 /// Opens the worker's database at `path` (its table registered, so the log replays).
 pub fn open_worker_db(path: &Path) -> Result<IdemDb, idemdb::Error> {
     IdemDb::builder().table(ORDERS).open(path)
+}
+
+/// The worker's retention under `IDEMDB_WORKER_TTL_MS` (examples/crash_worker.rs): records
+/// live `ttl_ms`, partitions are a quarter of it wide, the compactor looks every tenth of it.
+pub fn expiring(ttl_ms: u64) -> Retention {
+    Retention::default()
+        .ttl(Duration::from_millis(ttl_ms))
+        .partition_width(Duration::from_millis((ttl_ms / 4).max(1)))
+        .compact_interval(Some(Duration::from_millis((ttl_ms / 10).max(1))))
+}
+
+/// Opens the database of a worker whose records live `ttl_ms`, with its retention and no
+/// compactor: the check reads what the killed worker left, and changes nothing.
+pub fn open_expiring_worker_db(path: &Path, ttl_ms: u64) -> Result<IdemDb, idemdb::Error> {
+    IdemDb::builder()
+        .table(ORDERS)
+        .retention(expiring(ttl_ms).compact_interval(None))
+        .open(path)
+}
+
+/// Wall-clock milliseconds since the epoch, as the store's clock reads them.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
