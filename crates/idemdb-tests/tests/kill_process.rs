@@ -18,14 +18,19 @@ fn xorshift(state: &mut u64) -> u64 {
     *state
 }
 
-fn check(path: &Path, acks: &Acks, run: usize) {
+/// After the kill of run `run`, of a worker whose records live `ttl_ms` (none: a day).
+fn check(path: &Path, acks: &Acks, run: &str, ttl_ms: Option<u64>) {
     let mut raw = idemdb::redb::Database::open(path).unwrap();
     assert!(raw.check_integrity().unwrap(), "redb integrity check (I4)");
     drop(raw);
     // Opening replays the log: the rows written after the last checkpoint are there only
     // after it (the worker registers `orders`, so its rows ride in the log).
-    let db = open_worker_db(path).unwrap();
-    acks.check_outcomes(&db);
+    let db = match ttl_ms {
+        Some(ttl) => open_expiring_worker_db(path, ttl),
+        None => open_worker_db(path),
+    }
+    .unwrap();
+    acks.check_outcomes_expiring(&db, ttl_ms);
     // I3: one probe key per run: a run that printed no new token must not meet the previous
     // run's probe.
     acks.check_tokens(&db, &format!("probe-{run}"));
@@ -40,13 +45,9 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     let mut rng = 0x2545_f491_4f6c_dd1d ^ std::process::id() as u64;
     let started = Instant::now();
     for run in 0..KILLS {
-        worker.run_and_kill(
-            &path,
-            &format!("r{run}"),
-            5 + xorshift(&mut rng) % 60,
-            &mut acks,
-        );
-        check(&path, &acks, run);
+        let run = format!("r{run}");
+        worker.run_and_kill(&path, &run, 5 + xorshift(&mut rng) % 60, &mut acks);
+        check(&path, &acks, &run, None);
     }
     eprintln!(
         "{KILLS} kills, {} acknowledged outcomes checked over {} keys, {:.1} s",
@@ -75,21 +76,11 @@ fn sigkill_while_partitions_expire_and_drop_loses_nothing_live() {
     let started = Instant::now();
     let mut runs_with_drops = 0;
     for run in 0..KILLS {
-        let before = acks.drops;
+        let (before, run) = (acks.drops, format!("x{run}"));
         // Long enough, some runs, for the partitions of the runs before to come due.
-        worker.run_and_kill(
-            &path,
-            &format!("x{run}"),
-            5 + xorshift(&mut rng) % 120,
-            &mut acks,
-        );
+        worker.run_and_kill(&path, &run, 5 + xorshift(&mut rng) % 120, &mut acks);
         runs_with_drops += usize::from(acks.drops > before);
-        let mut raw = idemdb::redb::Database::open(&path).unwrap();
-        assert!(raw.check_integrity().unwrap(), "redb integrity check (I4)");
-        drop(raw);
-        let db = open_expiring_worker_db(&path, TTL_MS).unwrap();
-        acks.check_outcomes_expiring(&db, Some(TTL_MS));
-        acks.check_tokens(&db, &format!("probe-x{run}"));
+        check(&path, &acks, &run, Some(TTL_MS));
     }
     eprintln!(
         "{KILLS} kills, {} acknowledged outcomes over {} keys, {} partitions dropped in {} \

@@ -392,10 +392,11 @@ fn targets_24(rows: &[Row], side: &Side) -> Vec<Target> {
     };
     let paired = p50("idemdb").zip(p50("fsync_floor"));
     // Two durable writes per lifecycle, each at the floor at best.
-    let lifecycle_1 = find(rows, "lifecycle_1", "lifecycles/s").and_then(|r| r.vals[0]);
+    let lifecycle_1_row = find(rows, "lifecycle_1", "lifecycles/s");
+    let lifecycle_1 = lifecycle_1_row.and_then(|r| r.vals[0]);
     let of_two_floors = lifecycle_1.zip(floor).map(|(l, f)| l * 2.0 * f / 1e9);
     // The same against the floor's own lifecycles (two syncs each) in the cell, seconds apart.
-    let in_cell = find(rows, "lifecycle_1", "lifecycles/s").and_then(|r| r.ratio(FLOOR));
+    let in_cell = lifecycle_1_row.and_then(|r| r.ratio(FLOOR));
     let p99 = find(rows, "lifecycle_64", "p99").and_then(|r| r.vals[0].zip(r.vals[REDIS]));
     // Reported, not bounded: idemdb's CPU per lifecycle, beside Redis's in the same cell.
     let cpu_reported = |what, cell| {
