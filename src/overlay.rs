@@ -10,6 +10,7 @@
 //!   So a reader that looks here first and at the snapshot after finds the newest value.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -41,13 +42,14 @@ impl Slot {
 }
 
 /// The record writes of one transaction or batch, newest per (table, key): read by the ops
-/// after them in the batch, installed in the overlay once the batch is durable.
+/// after them in the batch, installed in the overlay once the batch is durable. A key is one
+/// allocation, shared with the log's effects and then the overlay's entry.
 #[derive(Default)]
-pub(crate) struct Written(HashMap<Box<[u8]>, Vec<Slot>>);
+pub(crate) struct Written(HashMap<Arc<[u8]>, Vec<Slot>>);
 
 impl Written {
-    pub(crate) fn set(&mut self, key: &[u8], table: &Arc<str>, value: Value) {
-        let slots = self.0.entry(key.into()).or_default();
+    pub(crate) fn set(&mut self, key: &Arc<[u8]>, table: &Arc<str>, value: Value) {
+        let slots = self.0.entry(Arc::clone(key)).or_default();
         match slots.iter_mut().find(|s| s.table == *table) {
             Some(s) => s.value = value,
             None => slots.push(Slot::new(table, value)),
@@ -60,6 +62,11 @@ impl Written {
 
     /// `later`'s writes over these.
     pub(crate) fn absorb(&mut self, later: Written) {
+        // A batch of plain ops is one transaction: its writes become the batch's as they are.
+        if self.0.is_empty() {
+            *self = later;
+            return;
+        }
         for (key, slots) in later.0 {
             for s in slots {
                 self.set(&key, &s.table, s.value);
@@ -77,13 +84,13 @@ impl Written {
 
 /// One entry as the applier takes it.
 pub(crate) struct Taken {
-    pub(crate) key: Box<[u8]>,
+    pub(crate) key: Arc<[u8]>,
     pub(crate) slot: Slot,
 }
 
 #[repr(align(128))]
 #[derive(Default)]
-struct Shard(RwLock<HashMap<Box<[u8]>, Vec<Slot>>>);
+struct Shard(RwLock<HashMap<Arc<[u8]>, Vec<Slot>>>);
 
 pub(crate) struct Overlay {
     shards: Box<[Shard]>,
@@ -124,14 +131,28 @@ impl Overlay {
             .unwrap_or_default()
     }
 
-    /// Installs a durable batch's writes, as written by batch `version`.
-    pub(crate) fn install_all(&self, written: &Written, version: u64, hash: impl Fn(&[u8]) -> u64) {
-        for (key, slot) in written.iter() {
-            self.install(key, hash(key), &slot.table, slot.value.clone(), version);
+    /// Installs a durable batch's writes, as written by batch `version`. A key new to the
+    /// overlay takes the batch's own key and slots: nothing is copied on the writer's path.
+    pub(crate) fn install_all(&self, written: Written, version: u64, hash: impl Fn(&[u8]) -> u64) {
+        for (key, mut slots) in written.0 {
+            let mut shard = self.shard(hash(&key)).0.write();
+            match shard.entry(key) {
+                Entry::Vacant(e) => {
+                    slots.iter_mut().for_each(|s| s.version = version);
+                    self.len.fetch_add(slots.len(), Ordering::SeqCst);
+                    e.insert(slots);
+                }
+                Entry::Occupied(mut e) => {
+                    for s in slots {
+                        Self::set_slot(&self.len, e.get_mut(), s.table, s.value, version);
+                    }
+                }
+            }
         }
     }
 
     /// Makes `value` the newest of `table` under `key`, written by batch `version`.
+    #[cfg(test)]
     pub(crate) fn install(
         &self,
         key: &[u8],
@@ -141,19 +162,30 @@ impl Overlay {
         version: u64,
     ) {
         let mut shard = self.shard(hash).0.write();
-        let slots = shard.entry(key.into()).or_default();
-        match slots.iter_mut().find(|s| s.table == *table) {
+        let slots = shard.entry(Arc::from(key)).or_default();
+        Self::set_slot(&self.len, slots, Arc::clone(table), value, version);
+    }
+
+    /// Makes `value` the newest of `table` in `slots` (one key's), counting a new entry.
+    fn set_slot(
+        len: &AtomicUsize,
+        slots: &mut Vec<Slot>,
+        table: Arc<str>,
+        value: Value,
+        version: u64,
+    ) {
+        match slots.iter_mut().find(|s| s.table == table) {
             Some(s) => {
                 s.value = value;
                 s.version = version;
             }
             None => {
                 slots.push(Slot {
-                    table: Arc::clone(table),
+                    table,
                     value,
                     version,
                 });
-                self.len.fetch_add(1, Ordering::SeqCst);
+                len.fetch_add(1, Ordering::SeqCst);
             }
         }
     }
@@ -166,7 +198,7 @@ impl Overlay {
             for (key, slots) in shard.0.read().iter() {
                 for slot in slots {
                     out.push(Taken {
-                        key: key.clone(),
+                        key: Arc::clone(key),
                         slot: slot.clone(),
                     });
                 }
@@ -219,6 +251,33 @@ mod tests {
         assert_eq!(slots[0].value.as_deref(), Some(&b"2"[..]));
         assert!(slots[1].value.is_none());
         assert!(o.lookup(b"other", hash(b"other")).is_empty());
+    }
+
+    #[test]
+    fn a_batch_installs_new_keys_whole_and_merges_into_held_ones() {
+        let o = Overlay::default();
+        let (a, b) = (table("a"), table("b"));
+        o.install(b"held", hash(b"held"), &a, Some(Arc::from(&b"old"[..])), 1);
+        let mut w = Written::default();
+        let (held, new): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(&b"held"[..]), Arc::from(&b"new"[..]));
+        w.set(&held, &a, None);
+        w.set(&held, &b, Some(Arc::from(&b"moved"[..])));
+        w.set(&new, &a, Some(Arc::from(&b"1"[..])));
+        w.set(&new, &a, Some(Arc::from(&b"2"[..])));
+        o.install_all(w, 7, hash);
+        // held: a replaced, b added; new: one entry, the newest value.
+        assert_eq!(o.len(), 3);
+        let held = o.lookup(b"held", hash(b"held"));
+        assert_eq!(held.len(), 2);
+        assert!(held[0].value.is_none());
+        assert_eq!(held[1].value.as_deref(), Some(&b"moved"[..]));
+        let new = o.lookup(b"new", hash(b"new"));
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].value.as_deref(), Some(&b"2"[..]));
+        // Every installed slot carries the batch's version: taken and applied, all go.
+        assert!(o.take_all().iter().all(|t| t.slot.version == 7));
+        o.forget_applied(&o.take_all(), hash);
+        assert_eq!(o.len(), 0);
     }
 
     #[test]

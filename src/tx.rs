@@ -2,6 +2,7 @@
 //! dedupe record.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use redb::{
     Key, MultimapTable, MultimapTableDefinition, MultimapTableHandle, TableDefinition, TableHandle,
@@ -77,7 +78,7 @@ impl<'a> Tx<'a> {
         let logged = self.tables.logs::<K, V>(name);
         Ok(TxTable::new(
             self.txn.open_table(definition)?,
-            name.to_string(),
+            Arc::from(name),
             logged,
             &self.log,
         ))

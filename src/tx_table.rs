@@ -4,6 +4,7 @@
 use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use redb::{AccessGuard, Key, StorageError, Table, Value};
 
@@ -27,7 +28,7 @@ pub(crate) struct BusinessLog {
 /// durable redb commit (slower, equally atomic).
 pub struct TxTable<'t, K: Key + 'static, V: Value + 'static> {
     table: Table<'t, K, V>,
-    name: String,
+    name: Arc<str>,
     logged: bool,
     log: &'t RefCell<BusinessLog>,
 }
@@ -35,7 +36,7 @@ pub struct TxTable<'t, K: Key + 'static, V: Value + 'static> {
 impl<'t, K: Key + 'static, V: Value + 'static> TxTable<'t, K, V> {
     pub(crate) fn new(
         table: Table<'t, K, V>,
-        name: String,
+        name: Arc<str>,
         logged: bool,
         log: &'t RefCell<BusinessLog>,
     ) -> Self {
@@ -55,7 +56,7 @@ impl<'t, K: Key + 'static, V: Value + 'static> TxTable<'t, K, V> {
         value: impl Borrow<V::SelfType<'v>>,
     ) -> Result<Option<AccessGuard<'_, V>>, StorageError> {
         self.record(K::as_bytes(key.borrow()).as_ref(), || {
-            Some(V::as_bytes(value.borrow()).as_ref().to_vec())
+            Some(Arc::from(V::as_bytes(value.borrow()).as_ref()))
         });
         self.table.insert(key, value)
     }
@@ -71,14 +72,14 @@ impl<'t, K: Key + 'static, V: Value + 'static> TxTable<'t, K, V> {
 
     /// Records the write before it is made: a failed write aborts the transaction, and its
     /// effects with it.
-    fn record(&self, key: &[u8], value: impl FnOnce() -> Option<Vec<u8>>) {
+    fn record(&self, key: &[u8], value: impl FnOnce() -> Option<Arc<[u8]>>) {
         let mut log = self.log.borrow_mut();
         if !self.logged {
             log.unlogged = true;
             return;
         }
-        let table = self.name.clone();
-        let key = key.to_vec();
+        let table = Arc::clone(&self.name);
+        let key = Arc::from(key);
         log.effects.push(match value() {
             Some(value) => Effect::Put { table, key, value },
             None => Effect::Remove { table, key },

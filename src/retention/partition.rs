@@ -90,8 +90,8 @@ impl PartitionName {
 pub(crate) struct Partition {
     pub(crate) id: PartitionId,
     pub(crate) name: PartitionName,
-    /// `name`'s table name.
-    pub(crate) table: String,
+    /// `name`'s table name (shared by the overlay's entries and the log's effects).
+    pub(crate) table: Arc<str>,
 }
 
 impl Partition {
@@ -176,7 +176,7 @@ impl Partitions {
     pub(crate) fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Partitions {
         let parts: Vec<Arc<Partition>> = names
             .into_iter()
-            .filter_map(|table| Some((PartitionName::parse(table)?, table.to_string())))
+            .filter_map(|table| Some((PartitionName::parse(table)?, Arc::<str>::from(table))))
             .enumerate()
             .map(|(i, (name, table))| {
                 Arc::new(Partition {
@@ -238,7 +238,7 @@ impl Partitions {
         };
         let part = Arc::new(Partition {
             id,
-            table: name.table_name(),
+            table: name.table_name().into(),
             name,
         });
         *self.current.write() = Arc::new(catalog.with(Arc::clone(&part)));

@@ -185,26 +185,38 @@ impl<'t> Records<'t> {
         }
     }
 
-    /// Writes `value` to the in-flight table (`None`: removes it). Says whether it held one.
-    fn write_inflight(
+    /// Writes `value` to the in-flight table. What it held before is not asked: a reserve
+    /// never needs it, and the lookup would be a second one per op on the writer's path.
+    fn put_inflight(&mut self, bytes: &Arc<[u8]>, value: &Arc<[u8]>) -> Result<(), Error> {
+        match &mut self.base {
+            Base::Txn { inflight, .. } => {
+                inflight.insert(&**bytes, &**value)?;
+            }
+            Base::Deferred { mine, .. } => {
+                mine.set(bytes, &self.inflight_name, Some(Arc::clone(value)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes `key` (its bytes `bytes`) from the in-flight table. Says whether it held a
+    /// record.
+    fn remove_inflight(
         &mut self,
         key: &RecordKey,
+        bytes: &Arc<[u8]>,
         hash: u64,
-        value: Option<&[u8]>,
     ) -> Result<bool, Error> {
         match &mut self.base {
-            Base::Txn { inflight, .. } => Ok(match value {
-                Some(v) => inflight.insert(key.as_bytes(), v)?.is_some(),
-                None => inflight.remove(key.as_bytes())?.is_some(),
-            }),
+            Base::Txn { inflight, .. } => Ok(inflight.remove(&**bytes)?.is_some()),
             Base::Deferred {
                 snapshots,
                 earlier,
                 mine,
             } => {
-                let slots = Self::slots(snapshots, earlier, mine, key.as_bytes(), hash);
+                let slots = Self::slots(snapshots, earlier, mine, bytes, hash);
                 let held = snapshots.in_flight_under(key, &slots)?;
-                mine.set(key.as_bytes(), &self.inflight_name, value.map(Arc::from));
+                mine.set(bytes, &self.inflight_name, None);
                 Ok(held)
             }
         }
@@ -213,19 +225,15 @@ impl<'t> Records<'t> {
     fn write_partition(
         &mut self,
         part: &Partition,
-        key: &RecordKey,
-        value: &[u8],
+        bytes: &Arc<[u8]>,
+        value: &Arc<[u8]>,
     ) -> Result<(), Error> {
         match &mut self.base {
             Base::Txn { parts, .. } => {
-                parts.table(part)?.insert(key.as_bytes(), value)?;
+                parts.table(part)?.insert(&**bytes, &**value)?;
             }
             Base::Deferred { mine, .. } => {
-                mine.set(
-                    key.as_bytes(),
-                    &Arc::from(part.table.as_str()),
-                    Some(Arc::from(value)),
-                );
+                mine.set(bytes, &part.table, Some(Arc::clone(value)));
             }
         }
         Ok(())
@@ -244,12 +252,15 @@ impl<'t> Records<'t> {
         let rules = &self.layout.rules;
         let ttl = rules.ttl_ms(key);
         rec.expires_at = rules.expires_at(rec, ttl);
-        let value = rec.encode();
+        // One copy each of the key and the encoded record, shared by the overlay's entries
+        // and the log's effects.
+        let bytes: Arc<[u8]> = Arc::from(key.as_bytes());
+        let value: Arc<[u8]> = Arc::from(rec.encode());
         if rec.state == RecordState::InProgress {
-            self.write_inflight(key, hash, Some(&value))?;
+            self.put_inflight(&bytes, &value)?;
             self.effects.push(Effect::Put {
-                table: INFLIGHT.name().to_string(),
-                key: key.as_bytes().to_vec(),
+                table: Arc::clone(&self.inflight_name),
+                key: bytes,
                 value,
             });
         } else {
@@ -267,16 +278,16 @@ impl<'t> Records<'t> {
             }
             // Before the write: the index must never miss a stored record.
             self.layout.index.insert(hash, part.id);
-            if self.write_inflight(key, hash, None)? {
+            if self.remove_inflight(key, &bytes, hash)? {
                 self.effects.push(Effect::Remove {
-                    table: INFLIGHT.name().to_string(),
-                    key: key.as_bytes().to_vec(),
+                    table: Arc::clone(&self.inflight_name),
+                    key: Arc::clone(&bytes),
                 });
             }
-            self.write_partition(&part, key, &value)?;
+            self.write_partition(&part, &bytes, &value)?;
             self.effects.push(Effect::Put {
-                table: part.table.clone(),
-                key: key.as_bytes().to_vec(),
+                table: Arc::clone(&part.table),
+                key: bytes,
                 value,
             });
         }
@@ -310,10 +321,11 @@ impl<'t> Records<'t> {
 
     /// Removes an IN_PROGRESS record (release).
     pub(crate) fn remove(&mut self, key: &RecordKey, hash: u64) -> Result<(), Error> {
-        self.write_inflight(key, hash, None)?;
+        let bytes: Arc<[u8]> = Arc::from(key.as_bytes());
+        self.remove_inflight(key, &bytes, hash)?;
         self.effects.push(Effect::Remove {
-            table: INFLIGHT.name().to_string(),
-            key: key.as_bytes().to_vec(),
+            table: Arc::clone(&self.inflight_name),
+            key: bytes,
         });
         Ok(())
     }

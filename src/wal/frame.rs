@@ -3,6 +3,8 @@
 //! All integers are little-endian. A frame starts on a 512-byte boundary and is padded with
 //! zeros to the next one, so that recovery can look for valid frames past a bad one.
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bytes of the segment header.
@@ -31,12 +33,12 @@ const CEILING: u8 = 3;
 pub(crate) enum Effect {
     /// `table` (the in-flight table or a partition) holds `value` under `key`.
     Put {
-        table: String,
-        key: Vec<u8>,
-        value: Vec<u8>,
+        table: Arc<str>,
+        key: Arc<[u8]>,
+        value: Arc<[u8]>,
     },
     /// `table` holds nothing under `key`.
-    Remove { table: String, key: Vec<u8> },
+    Remove { table: Arc<str>, key: Arc<[u8]> },
     /// The token ceiling in meta is this.
     Ceiling(u64),
 }
@@ -162,7 +164,17 @@ pub(crate) fn decode_cycle(sector: &[u8], database_id: u64, log_id: u64) -> Cycl
 
 /// A frame, padded to [`ALIGN`].
 pub(crate) fn encode_frame(seq: u64, database_id: u64, effects: &[Effect]) -> Vec<u8> {
-    let mut out = vec![0u8; FRAME_HEADER_LEN];
+    // Sized once: the frame is built on the writer's path, batch after batch.
+    let payload: usize = effects
+        .iter()
+        .map(|e| match e {
+            Effect::Put { table, key, value } => 11 + table.len() + key.len() + value.len(),
+            Effect::Remove { table, key } => 7 + table.len() + key.len(),
+            Effect::Ceiling(_) => 9,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(align_up((FRAME_HEADER_LEN + 4 + payload) as u64) as usize);
+    out.resize(FRAME_HEADER_LEN, 0);
     out.extend_from_slice(&(effects.len() as u32).to_le_bytes());
     for e in effects {
         match e {
@@ -246,13 +258,13 @@ fn decode_effects(payload: &[u8]) -> Option<Vec<Effect>> {
     for _ in 0..n {
         effects.push(match r.u8()? {
             PUT => Effect::Put {
-                table: r.name()?,
-                key: r.bytes()?,
-                value: r.bytes()?,
+                table: r.name()?.into(),
+                key: r.bytes()?.into(),
+                value: r.bytes()?.into(),
             },
             REMOVE => Effect::Remove {
-                table: r.name()?,
-                key: r.bytes()?,
+                table: r.name()?.into(),
+                key: r.bytes()?.into(),
             },
             CEILING => Effect::Ceiling(r.u64()?),
             _ => return None,
@@ -359,17 +371,17 @@ pub(crate) mod fuzz {
     pub(crate) fn sample_frames() -> Vec<Vec<u8>> {
         let put = Effect::Put {
             table: "idemdb_inflight".into(),
-            key: b"\x00\x02opk".to_vec(),
-            value: vec![7; 90],
+            key: b"\x00\x02opk".to_vec().into(),
+            value: vec![7; 90].into(),
         };
         let remove = Effect::Remove {
             table: "idemdb_p_00000000000003600000_3600000_60000".into(),
-            key: b"key".to_vec(),
+            key: b"key".to_vec().into(),
         };
         let row = Effect::Put {
             table: "orders".into(),
-            key: b"o-1".to_vec(),
-            value: 1999u64.to_le_bytes().to_vec(),
+            key: b"o-1".to_vec().into(),
+            value: 1999u64.to_le_bytes().to_vec().into(),
         };
         vec![
             encode_frame(1, DATABASE, std::slice::from_ref(&put)),
@@ -399,12 +411,12 @@ mod tests {
         vec![
             Effect::Put {
                 table: "idemdb_inflight".into(),
-                key: b"k1".to_vec(),
-                value: vec![7; 300],
+                key: b"k1".to_vec().into(),
+                value: vec![7; 300].into(),
             },
             Effect::Remove {
                 table: "idemdb_inflight".into(),
-                key: b"k0".to_vec(),
+                key: b"k0".to_vec().into(),
             },
             Effect::Ceiling(8192),
         ]
@@ -414,8 +426,8 @@ mod tests {
     fn effects_that_overflow_a_field_do_not_fit() {
         assert!(fits(&sample()));
         let long_name = Effect::Remove {
-            table: "t".repeat(usize::from(u16::MAX) + 1),
-            key: Vec::new(),
+            table: "t".repeat(usize::from(u16::MAX) + 1).into(),
+            key: Vec::new().into(),
         };
         assert!(!fits(&[long_name]));
         let half = (15, 40, 1 << 29);

@@ -329,11 +329,10 @@ fn commit(
                     how.tables.replay(&txn, table, key, None)?;
                 }
                 Effect::Put { table, key, value } => {
-                    open(&txn, &mut open_tables, table)?
-                        .insert(key.as_slice(), value.as_slice())?;
+                    open(&txn, &mut open_tables, table)?.insert(&key[..], &value[..])?;
                 }
                 Effect::Remove { table, key } => {
-                    open(&txn, &mut open_tables, table)?.remove(key.as_slice())?;
+                    open(&txn, &mut open_tables, table)?.remove(&key[..])?;
                 }
                 Effect::Ceiling(c) => {
                     meta.insert(NEXT_TOKEN_KEY, &c.to_le_bytes()[..])?;

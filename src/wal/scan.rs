@@ -254,8 +254,8 @@ mod tests {
     fn effect(n: u64) -> Vec<Effect> {
         vec![Effect::Put {
             table: "idemdb_inflight".into(),
-            key: vec![n as u8],
-            value: vec![n as u8; 700],
+            key: vec![n as u8].into(),
+            value: vec![n as u8; 700].into(),
         }]
     }
 

@@ -342,7 +342,7 @@ impl Writer {
             engine
                 .snapshots
                 .overlay
-                .install_all(&done.written, seq, |k| index.hash(k));
+                .install_all(std::mem::take(&mut done.written), seq, |k| index.hash(k));
         }
         self.checkpoint_if_far_behind(leader);
         if done.redb_changed {

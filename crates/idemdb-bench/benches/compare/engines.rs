@@ -74,6 +74,11 @@ pub trait Engine: Send + Sync {
     fn server_pids(&self) -> Vec<u32> {
         Vec::new()
     }
+    /// The durable commits made so far, where the engine counts them (idemdb's log appends,
+    /// `stats().commits`): a cell's writes ÷ its commits is the batch size.
+    fn commits(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Which engine.
@@ -225,6 +230,10 @@ impl Engine for Idem {
             db: Arc::clone(&self.db),
             scope: Scope::new(OPERATION, PRINCIPAL),
         })
+    }
+
+    fn commits(&self) -> Option<u64> {
+        Some(self.db.stats().commits)
     }
 
     fn preload(&self, n: u64) {

@@ -26,11 +26,19 @@ pub enum Work {
 
 /// `threads` callers, each with its own session (its own SQLite connection), waiting for work.
 pub struct Pool {
-    commands: Vec<Sender<u64>>,
-    done: Receiver<Done>,
+    runs: Runs<Sender<u64>>,
     handles: Vec<JoinHandle<()>>,
+}
+
+/// Callers' command channels, where they report, and what their runs spent: a [`Pool`]'s
+/// threads' or the async cells' tasks' (`tasks.rs`).
+pub struct Runs<C> {
+    commands: Vec<C>,
+    done: Receiver<Done>,
     /// The engine's server processes (none for an embedded engine).
     server_pids: Vec<u32>,
+    /// The engine's durable commits so far, where it counts them.
+    commits: Box<dyn Fn() -> Option<u64> + Send>,
     spent: Spent,
 }
 
@@ -43,6 +51,12 @@ pub struct Spent {
     pub process: Duration,
     /// The server processes' CPU time.
     pub servers: Duration,
+    /// This process's context switches (every thread's).
+    pub process_switches: u64,
+    /// The server processes' context switches.
+    pub server_switches: u64,
+    /// The engine's durable commits (idemdb's log appends), where it counts them.
+    pub commits: Option<u64>,
 }
 
 /// The CPU time of each of `pids` (`None`: gone, or not on this machine).
@@ -50,30 +64,53 @@ fn servers_cpu(pids: &[u32]) -> Vec<Option<Duration>> {
     pids.iter().map(|&pid| cpu::of_pid(pid)).collect()
 }
 
+/// The context switches of each of `pids`, as [`servers_cpu`].
+fn servers_switches(pids: &[u32]) -> Vec<Option<u64>> {
+    pids.iter().map(|&pid| cpu::switches_of_pid(pid)).collect()
+}
+
 impl Spent {
     /// Runs `run` (which returns its wall time) and adds what it spent, for `ops` operations
-    /// on an engine served by `server_pids`, to these sums. Returns `run`'s wall time.
+    /// on an engine served by `server_pids` that has made `commits()` durable commits so far
+    /// (`None`: it does not count them), to these sums. Returns `run`'s wall time.
     pub fn measure(
         &mut self,
         server_pids: &[u32],
         ops: u64,
+        commits: impl Fn() -> Option<u64>,
         run: impl FnOnce() -> Duration,
     ) -> Duration {
-        // The servers are read outside this process's window: reading /proc costs CPU.
-        let servers_before = servers_cpu(server_pids);
-        let process_before = cpu::process();
+        // The servers are read outside this process's window: reading /proc costs CPU (and
+        // a thread may sleep on the read, which would count as a switch).
+        let servers_before = (servers_cpu(server_pids), servers_switches(server_pids));
+        let commits_before = commits();
+        let process_before = (cpu::process(), cpu::process_switches());
         let wall = run();
-        let process = cpu::process().saturating_sub(process_before);
-        let servers_after = servers_cpu(server_pids);
+        let process = cpu::process().saturating_sub(process_before.0);
+        let process_switches = cpu::process_switches().saturating_sub(process_before.1);
+        let commits_after = commits();
+        let servers_after = (servers_cpu(server_pids), servers_switches(server_pids));
         let servers: Duration = servers_before
+            .0
             .iter()
-            .zip(&servers_after)
+            .zip(&servers_after.0)
+            .filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?)))
+            .sum();
+        let server_switches: u64 = servers_before
+            .1
+            .iter()
+            .zip(&servers_after.1)
             .filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?)))
             .sum();
         self.ops += ops;
         self.wall += wall;
         self.process += process;
         self.servers += servers;
+        self.process_switches += process_switches;
+        self.server_switches += server_switches;
+        if let (Some(before), Some(after)) = (commits_before, commits_after) {
+            *self.commits.get_or_insert(0) += after.saturating_sub(before);
+        }
         wall
     }
 }
@@ -135,34 +172,80 @@ impl Pool {
             );
         }
         ready.wait();
+        let counted = Arc::clone(engine);
         Pool {
-            commands,
-            done,
-            handles,
             // Every session is connected: a server's backends for them exist now.
-            server_pids: engine.server_pids(),
-            spent: Spent::default(),
+            runs: Runs::new(
+                commands,
+                done,
+                engine.server_pids(),
+                Box::new(move || counted.commits()),
+            ),
+            handles,
         }
     }
 
-    /// Every thread runs `per_thread` operations; returns the wall time from the first
-    /// thread's start to the last one's end (thread wake-up before the start is not counted)
-    /// and appends the per-operation latencies to `latencies`. The CPU spent is added to
-    /// [`spent`](Pool::spent).
+    /// Every thread runs `per_thread` operations: see [`Runs::run`].
     pub fn run(&mut self, per_thread: u64, latencies: &mut Vec<u64>) -> Duration {
-        let ops = per_thread * self.commands.len() as u64;
-        let (commands, done) = (&self.commands, &self.done);
-        self.spent.measure(&self.server_pids, ops, || {
-            for c in commands {
-                c.send(per_thread).expect("caller alive");
-            }
-            gather(done, commands.len(), latencies)
-        })
+        self.runs.run(per_thread, latencies)
     }
 
     /// The CPU and wall time of every [`run`](Pool::run) so far.
     pub fn spent(&self) -> Spent {
+        self.runs.spent
+    }
+}
+
+/// A caller's command channel: a [`Pool`]'s thread's, or a task's (`tasks.rs`).
+pub trait Command {
+    /// Tells the caller to run `n` operations.
+    fn start(&self, n: u64);
+}
+
+impl Command for Sender<u64> {
+    fn start(&self, n: u64) {
+        self.send(n).expect("caller alive");
+    }
+}
+
+impl<C: Command> Runs<C> {
+    pub fn new(
+        commands: Vec<C>,
+        done: Receiver<Done>,
+        server_pids: Vec<u32>,
+        commits: Box<dyn Fn() -> Option<u64> + Send>,
+    ) -> Runs<C> {
+        Runs {
+            commands,
+            done,
+            server_pids,
+            commits,
+            spent: Spent::default(),
+        }
+    }
+
+    /// Every caller runs `per_caller` operations; returns the wall time from the first
+    /// caller's start to the last one's end (its wake-up before the start is not counted) and
+    /// appends the per-operation latencies to `latencies`. What it spent is added to `spent`.
+    pub fn run(&mut self, per_caller: u64, latencies: &mut Vec<u64>) -> Duration {
+        let ops = per_caller * self.commands.len() as u64;
+        let (commands, done) = (&self.commands, &self.done);
         self.spent
+            .measure(&self.server_pids, ops, &*self.commits, || {
+                for c in commands {
+                    c.start(per_caller);
+                }
+                gather(done, commands.len(), latencies)
+            })
+    }
+
+    pub fn spent(&self) -> Spent {
+        self.spent
+    }
+
+    /// Ends every caller's commands: each caller returns once it sees that.
+    pub fn close(&mut self) {
+        self.commands.clear();
     }
 }
 
@@ -187,7 +270,7 @@ impl Callers for Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.commands.clear();
+        self.runs.close();
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

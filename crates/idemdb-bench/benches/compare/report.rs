@@ -71,6 +71,18 @@ pub fn record_spent(cell: &str, engine: &str, spent: Spent) {
         "cpu_machine_share",
         total.as_secs_f64() / spent.wall.as_secs_f64() / nproc,
     );
+    let per_op_n = |n: u64| n as f64 / spent.ops as f64;
+    let switches = spent.process_switches + spent.server_switches;
+    record(cell, engine, "switches_per_op", per_op_n(switches));
+    record(
+        cell,
+        engine,
+        "server_switches_per_op",
+        per_op_n(spent.server_switches),
+    );
+    if let Some(commits) = spent.commits {
+        record(cell, engine, "commits_per_op", per_op_n(commits));
+    }
 }
 
 /// Notes the machine's 1-minute load average at the end of a benchmark: other work on the
@@ -171,6 +183,28 @@ fn rows(side: &Side) -> Vec<Row> {
                 better: Better::Lower,
                 vals: per_engine(&|e| Some(100.0 * sidev(&cell, e, "cpu_machine_share")?)),
                 digits: 0,
+            });
+            // The hand-offs: a thread that sleeps until it is woken is switched out once.
+            rows.push(Row {
+                cell: cell.clone(),
+                metric: "context switches per lifecycle (bench process + server) ↓",
+                better: Better::Lower,
+                vals: per_engine(&|e| sidev(&cell, e, "switches_per_op")),
+                digits: 2,
+            });
+            rows.push(Row {
+                cell: cell.clone(),
+                metric: "… of which the server's",
+                better: Better::Lower,
+                vals: per_engine(&|e| sidev(&cell, e, "server_switches_per_op")),
+                digits: 2,
+            });
+            rows.push(Row {
+                cell: cell.clone(),
+                metric: "writes per durable commit (idemdb: ops per log append)",
+                better: Better::Higher,
+                vals: per_engine(&|e| Some(2.0 / sidev(&cell, e, "commits_per_op")?)),
+                digits: 1,
             });
         }
     }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -14,10 +14,10 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinSet;
 
 use crate::engines::{IdemTask, Kind, open_idemdb};
-use crate::pool::{Callers, Spent};
+use crate::pool::{Callers, Command, Runs, Spent};
 use crate::postgres::{PgTask, Postgres};
 use crate::redis::{Redis, RedisTask};
-use crate::shared::callers::{Done, gather};
+use crate::shared::callers::Done;
 use crate::shared::keys::fresh_id;
 use crate::shared::nanos;
 
@@ -57,6 +57,14 @@ impl TaskEngine {
         }
     }
 
+    /// As [`Engine::commits`](crate::engines::Engine::commits).
+    fn commits(&self) -> Option<u64> {
+        match self {
+            TaskEngine::Idem(db) => Some(db.stats().commits),
+            TaskEngine::Redis(_) | TaskEngine::Postgres(_) => None,
+        }
+    }
+
     /// As [`Engine::server_pids`](crate::engines::Engine::server_pids).
     fn server_pids(&self) -> Vec<u32> {
         use crate::engines::Engine as _;
@@ -81,12 +89,8 @@ impl TaskSession {
 
 /// `tasks` callers, each a task with its own session, on one runtime thread.
 pub struct Tasks {
-    commands: Vec<UnboundedSender<u64>>,
-    done: Receiver<Done>,
+    runs: Runs<UnboundedSender<u64>>,
     thread: Option<JoinHandle<()>>,
-    /// The engine's server processes (none for idemdb).
-    server_pids: Vec<u32>,
-    spent: Spent,
 }
 
 impl Tasks {
@@ -108,13 +112,16 @@ impl Tasks {
             })
             .expect("spawn the runtime's thread");
         ready.recv().expect("every task's session connected");
+        let counted = engine.clone();
         Tasks {
-            commands,
-            done,
-            thread: Some(thread),
             // Every session is connected: a server's backends for them exist now.
-            server_pids: engine.server_pids(),
-            spent: Spent::default(),
+            runs: Runs::new(
+                commands,
+                done,
+                engine.server_pids(),
+                Box::new(move || counted.commits()),
+            ),
+            thread: Some(thread),
         }
     }
 }
@@ -172,28 +179,27 @@ async fn caller(
     }
 }
 
+impl Command for UnboundedSender<u64> {
+    fn start(&self, n: u64) {
+        self.send(n).expect("task alive");
+    }
+}
+
 impl Callers for Tasks {
-    /// Every task runs `per_task` lifecycles; as [`Pool::run`](crate::pool::Pool::run).
+    /// Every task runs `per_task` lifecycles: see [`Runs::run`].
     fn run(&mut self, per_task: u64, latencies: &mut Vec<u64>) -> Duration {
-        let ops = per_task * self.commands.len() as u64;
-        let (commands, done) = (&self.commands, &self.done);
-        self.spent.measure(&self.server_pids, ops, || {
-            for c in commands {
-                c.send(per_task).expect("task alive");
-            }
-            gather(done, commands.len(), latencies)
-        })
+        self.runs.run(per_task, latencies)
     }
 
     fn spent(&self) -> Spent {
-        self.spent
+        self.runs.spent()
     }
 }
 
 impl Drop for Tasks {
     fn drop(&mut self) {
         // The tasks end when their commands do, then the runtime and its thread.
-        self.commands.clear();
+        self.runs.close();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

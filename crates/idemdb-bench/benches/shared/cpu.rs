@@ -67,6 +67,44 @@ pub fn process() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// This process's context switches, every thread's (exited ones too): the times a thread gave
+/// up its CPU (to sleep: `ru_nvcsw`) or lost it (preempted: `ru_nivcsw`).
+pub fn process_switches() -> u64 {
+    // SAFETY: as in `process`.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0;
+        }
+        usage
+    };
+    (usage.ru_nvcsw + usage.ru_nivcsw).max(0) as u64
+}
+
+/// The context switches of the live threads of process `pid` (voluntary and not, from
+/// /proc/<pid>/task/*/status), or `None` if it is not on this machine.
+pub fn switches_of_pid(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        tasks
+            .filter_map(|t| {
+                let status = std::fs::read_to_string(t.ok()?.path().join("status")).ok()?;
+                Some(
+                    status
+                        .lines()
+                        .filter_map(|l| {
+                            let v = l
+                                .strip_prefix("voluntary_ctxt_switches:")
+                                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))?;
+                            v.trim().parse::<u64>().ok()
+                        })
+                        .sum::<u64>(),
+                )
+            })
+            .sum(),
+    )
+}
+
 /// CPU time of the calling thread, from /proc/thread-self/schedstat.
 pub fn thread() -> Duration {
     schedstat("/proc/thread-self/schedstat").unwrap_or_default()
