@@ -50,12 +50,21 @@ const MAX_PAYLOAD: u64 = 1 << 30;
 /// Whether `effects` fit one frame: every length within its field, the payload within
 /// [`MAX_PAYLOAD`]. A batch whose effects do not fit is made durable by a durable commit.
 pub(crate) fn fits(effects: &[Effect]) -> bool {
-    lengths_fit(effects.iter().map(|e| match e {
+    lengths_fit(effects.iter().map(field_lengths))
+}
+
+/// An effect's variable parts: (table name, key, value) lengths.
+fn field_lengths(e: &Effect) -> (usize, usize, usize) {
+    match e {
         Effect::Put { table, key, value } => (table.len(), key.len(), value.len()),
         Effect::Remove { table, key } => (table.len(), key.len(), 0),
         Effect::Ceiling(_) => (0, 0, 0),
-    }))
+    }
 }
+
+/// At most this many bytes of an encoded effect are not its variable parts: tag, name
+/// length, key length, value length (or ceiling).
+const EFFECT_FIXED: usize = 1 + 2 + 4 + 4 + 8;
 
 /// `fits` over (table name, key, value) lengths.
 fn lengths_fit(lengths: impl Iterator<Item = (usize, usize, usize)>) -> bool {
@@ -64,8 +73,7 @@ fn lengths_fit(lengths: impl Iterator<Item = (usize, usize, usize)>) -> bool {
         if name > usize::from(u16::MAX) {
             return false;
         }
-        // Tag, name length, key length, value length (or ceiling), and the bytes.
-        for n in [1 + 2 + 4 + 4 + 8, name, key, value] {
+        for n in [EFFECT_FIXED, name, key, value] {
             total = total.saturating_add(n as u64);
         }
     }
@@ -164,13 +172,12 @@ pub(crate) fn decode_cycle(sector: &[u8], database_id: u64, log_id: u64) -> Cycl
 
 /// A frame, padded to [`ALIGN`].
 pub(crate) fn encode_frame(seq: u64, database_id: u64, effects: &[Effect]) -> Vec<u8> {
-    // Sized once: the frame is built on the writer's path, batch after batch.
+    // Sized once (at most): the frame is built on the writer's path, batch after batch.
     let payload: usize = effects
         .iter()
-        .map(|e| match e {
-            Effect::Put { table, key, value } => 11 + table.len() + key.len() + value.len(),
-            Effect::Remove { table, key } => 7 + table.len() + key.len(),
-            Effect::Ceiling(_) => 9,
+        .map(|e| {
+            let (name, key, value) = field_lengths(e);
+            EFFECT_FIXED + name + key + value
         })
         .sum();
     let mut out = Vec::with_capacity(align_up((FRAME_HEADER_LEN + 4 + payload) as u64) as usize);

@@ -1,8 +1,9 @@
 //! The fsync floor as an engine: each caller thread does its own durable writes, one 4 KiB
 //! `pwrite` + `fdatasync` each, in a file of its own (4 MiB, as `reserve_1`'s floor); nothing
-//! is shared and nothing is batched. In a cell of N callers it is what N callers make when every write of theirs waits
-//! for its own sync and the disk merges what it can of them (`lifecycle_N`'s `fsync_floor`
-//! column): an engine above it shares syncs between callers, one below it adds to them.
+//! is shared and nothing is batched. In a cell of N callers it is what N callers make when
+//! every write of theirs waits for its own sync and the disk merges what it can of them
+//! (`lifecycle_N`'s `fsync_floor` column): an engine above it shares syncs between callers,
+//! one below it adds to them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -192,7 +192,7 @@ impl Pool {
 
     /// The CPU and wall time of every [`run`](Pool::run) so far.
     pub fn spent(&self) -> Spent {
-        self.runs.spent
+        self.runs.spent()
     }
 }
 
@@ -239,6 +239,7 @@ impl<C: Command> Runs<C> {
             })
     }
 
+    /// What every [`run`](Runs::run) so far spent.
     pub fn spent(&self) -> Spent {
         self.spent
     }
