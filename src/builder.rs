@@ -8,15 +8,16 @@ use std::sync::atomic::AtomicU64;
 use redb::backends::FileBackend;
 use redb::{Key, StorageBackend, TableDefinition, Value};
 
-use crate::clock::{Clock, SystemClock};
 use crate::config::{Limits, WriterConfig};
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::measured::Measured;
-use crate::retention::Retention;
+use crate::recovery::check_not_orphaned;
 use crate::settings::{FileSize, Settings};
 use crate::tables::TableRegistry;
-use crate::wal::{LogFile, check_not_orphaned, log_io};
+use crate::wal::{LogFile, log_io};
+use idemdb_core::clock::{Clock, SystemClock};
+use idemdb_core::retention::Retention;
 
 /// Settings for opening an [`IdemDb`]; start with [`IdemDb::builder`].
 ///
@@ -70,7 +71,7 @@ impl Builder {
     /// for 180 s (`--bench tail`): reserve p99.9 4.03× the fsync floor at 10 s, 4.80× at 1
     /// minute, 9.96× at 1 hour (docs/benchmarks.md). The price: a table per window that saw a
     /// record (at most 8,640 a day per TTL), each at least one 4 KiB page.
-    pub const DEFAULT_PARTITION_WIDTH: std::time::Duration = std::time::Duration::from_secs(10);
+    pub const DEFAULT_PARTITION_WIDTH: std::time::Duration = crate::config::DEFAULT_PARTITION_WIDTH;
 
     /// The clock for leases and timestamps (default: [`SystemClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -136,6 +137,7 @@ impl Builder {
     /// token ceiling reserves (default 1,048,576; at least 1). A small block makes every few
     /// acquisitions raise it, so that crash tests exercise that path (docs/design.md §7).
     #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
     pub fn token_block(mut self, tokens: u64) -> Self {
         self.writer.token_block = tokens.max(1);
         self
@@ -145,6 +147,7 @@ impl Builder {
     /// created, and the unit it grows by (default 1 MiB; at least 1,536 bytes). A small log
     /// makes a test's disk images small and its runs grow the log often.
     #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
     pub fn log_step(mut self, bytes: u64) -> Self {
         self.writer.log_step = bytes.max(1536);
         self
@@ -402,17 +405,5 @@ fn open_error(e: redb::DatabaseError) -> Error {
         }
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(msg)) => Error::Corrupted(msg),
         other => other.into(),
-    }
-}
-
-impl IdemDb {
-    /// Opens (or creates) the database at `path` with default settings.
-    pub fn open(path: impl AsRef<std::path::Path>) -> Result<IdemDb, Error> {
-        Builder::default().open(path)
-    }
-
-    /// Settings for opening a database.
-    pub fn builder() -> Builder {
-        Builder::default()
     }
 }

@@ -86,3 +86,10 @@ pub(crate) const APPLY_INTERVAL: std::time::Duration = std::time::Duration::from
 /// it while it holds redb's write lock (design.md §5.7, "Its priority").
 #[cfg(target_os = "linux")]
 pub(crate) const APPLIER_NICE: i32 = 5;
+
+/// The partition width where `Retention::partition_width` is not set
+/// (`Builder::DEFAULT_PARTITION_WIDTH` says why it is narrow).
+pub(crate) const DEFAULT_PARTITION_WIDTH: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often (in entries read) a scan or verification reports its progress.
+pub(crate) const SCAN_PROGRESS_EVERY: u64 = 4096;

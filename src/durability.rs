@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
-use crate::scope::RecordKey;
+use idemdb_core::scope::RecordKey;
 
 #[derive(Default)]
 pub(crate) struct DurabilityTracker {

@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use redb::Database;
 
-use crate::clock::Clock;
 use crate::config::Limits;
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
-use crate::replay_cache::ReplayCache;
-use crate::retention::locate::Layout;
-use crate::snapshot::Snapshots;
+use crate::records::locate::Layout;
+use crate::records::replay_cache::ReplayCache;
+use crate::records::snapshot::Snapshots;
 use crate::stats::StatsCollector;
 use crate::tables::TableRegistry;
 use crate::wait::WaitRegistry;
+use idemdb_core::clock::Clock;
 
 pub(crate) struct Engine {
     pub(crate) db: Arc<Database>,

@@ -5,9 +5,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::fencing::FencingToken;
 use crate::log_problem::LogProblem;
-use crate::state::RecordState;
+use idemdb_core::fencing::FencingToken;
+use idemdb_core::state::RecordState;
 pub use idemdb_core::{InputError, Refusal, StoreError};
 
 /// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
@@ -323,7 +323,7 @@ impl From<Refusal> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fencing::FencingToken;
+    use idemdb_core::fencing::FencingToken;
 
     /// The renewal loop (idemdb-core) retries sooner after an unknown outcome and stops at a
     /// refusal: the engine's side of that contract.

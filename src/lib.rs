@@ -29,72 +29,76 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod builder;
-use idemdb_core::{clock, decide, fencing, fingerprint, outcome, renewal, scope, state, token};
+// The layers, from the bottom up (docs/design.md §1; crates/idemdb-tests/tests/layers.rs
+// fails on an import from a higher one).
+// Foundation: errors, settings, counters, the engine's table names, wake-ups.
 mod config;
-mod db;
 mod durability;
-mod engine;
 mod engine_tables;
 mod error;
-mod guard;
-mod inbox;
 mod log_problem;
 mod measured;
-mod meta;
 mod observe;
-mod ops;
-mod overlay;
 mod record;
 mod reentry;
-mod replay_cache;
-mod retention;
-mod scan;
-mod settings;
 mod shard;
-mod snapshot;
 mod stats;
-mod store;
+mod timer;
+mod wait;
+// The write-ahead log.
+mod wal;
+// Caller tables and the closure's transaction handle.
+mod guard;
 mod tables;
+mod tx;
+mod tx_table;
+// The record store: partitions, the key index, the overlay, the read snapshot.
+mod records;
+// Whole-file work beside the writer: the meta table and upgrades, recovery at open, scans.
+mod meta;
+mod recovery;
+mod scan;
+// The engine's shared state, the group-commit writer, the compactor above it.
+mod compactor;
+mod engine;
+mod writer;
+// The handle and its builder; the public operations on it.
+mod builder;
+mod db;
+mod ops;
+mod settings;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub mod testing;
-mod timer;
-mod tx;
-mod tx_table;
-mod typed;
-mod wait;
-mod wal;
-mod writer;
 
 /// The redb version idemdb is built on, for the caller's own table definitions.
 pub use redb;
 
 pub use builder::Builder;
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Limits;
 pub use db::IdemDb;
 pub use error::{Error, ExecuteError, InputError, Refusal, StoreError};
+pub use idemdb_core::clock::{Clock, ManualClock, SystemClock};
 /// Renews a lease on a thread of its own; see [`idemdb_core::Heartbeat`]. Over the embedded
 /// engine its error is [`Error`].
 pub type Heartbeat<E = Error> = idemdb_core::Heartbeat<E>;
-pub use fingerprint::{Fingerprint, Payload};
 pub use guard::{Guarded, Upserted, Versioned};
 pub use idemdb_core::SagaStep;
 pub use idemdb_core::TypedOutcome;
+pub use idemdb_core::fingerprint::{Fingerprint, Payload};
 pub use idemdb_core::{BlockingStore, Store};
 /// A typed view of a store ([`idemdb_core::Typed`]); over the embedded engine by default,
 /// from [`IdemDb::typed`].
 pub type Typed<'db, T, F = T, S = IdemDb> = idemdb_core::Typed<'db, T, F, S>;
-pub use inbox::Consumed;
+pub use compactor::CompactionReport;
+pub use idemdb_core::inbox::Consumed;
+pub use idemdb_core::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+pub use idemdb_core::retention::{BeyondHorizonPolicy, Retention};
+pub use idemdb_core::scope::{Key, Scope};
+pub use idemdb_core::token::{FencingToken, Reservation};
 pub use log_problem::LogProblem;
-pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use record::{Record, RecordState};
-pub use retention::compactor::CompactionReport;
-pub use retention::{BeyondHorizonPolicy, Retention};
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
-pub use scope::{Key, Scope};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, Stats};
-pub use token::{FencingToken, Reservation};
 pub use tx::Tx;
 pub use tx_table::TxTable;

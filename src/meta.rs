@@ -5,13 +5,13 @@ use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, Table
 
 use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, VERSION_KEY};
 use crate::error::Error;
-use crate::fingerprint::{Fingerprinter, SECRET_LEN, database_id};
 use crate::record::RecordState;
-use crate::retention::Rules;
-use crate::retention::horizon::HORIZON;
-use crate::retention::locate::Layout;
-use crate::retention::records::Records;
-use crate::scope::RecordKey;
+use crate::records::horizon::HORIZON;
+use crate::records::locate::Layout;
+use crate::records::txn::Records;
+use idemdb_core::fingerprint::{Fingerprinter, SECRET_LEN, database_id};
+use idemdb_core::retention::Rules;
+use idemdb_core::scope::RecordKey;
 
 const MAGIC_KEY: &str = "magic";
 const SECRET_KEY: &str = "fingerprint_secret";

@@ -2,7 +2,7 @@
 //! snapshot lookup, carrying the record's operation and principal and the kind of write,
 //! never the key's payload or response. Without the feature, spans are a zero-sized no-op.
 
-use crate::scope::RecordKey;
+use idemdb_core::scope::RecordKey;
 
 #[cfg(feature = "tracing")]
 pub(crate) type Span = tracing::Span;

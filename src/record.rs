@@ -2,8 +2,8 @@
 //! [`Error::Corrupted`].
 
 use crate::error::Error;
-pub use crate::state::RecordState;
 pub use idemdb_core::Record;
+pub use idemdb_core::state::RecordState;
 
 /// Decodes a stored record; any malformed input is [`Error::Corrupted`], never a panic.
 pub(crate) fn decode(bytes: &[u8]) -> Result<Record, Error> {

@@ -1,12 +1,12 @@
-//! Reading every stored record, for operators and tools: [`IdemDb::scan`] streams the records
+//! Reading every stored record, for operators and tools: `IdemDb::scan` (ops/scan.rs) streams the records
 //! of one read transaction to a callback, one at a time, so a file of millions of records is
-//! never held in memory; [`IdemDb::verify`] (scan/verify.rs) checks every stored entry against
+//! never held in memory; `IdemDb::verify` (scan/verify.rs) checks every stored entry against
 //! the layout's invariants.
 //!
 //! Tables are read in a fixed order: the in-flight table, then the partitions oldest window
 //! first; within a table, by record key (so by operation, then principal, then key).
 
-mod verify;
+pub(crate) mod verify;
 
 use std::ops::ControlFlow;
 
@@ -14,15 +14,12 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition, TableHandle};
 
 pub use verify::{Problem, VerifyReport};
 
-use crate::db::IdemDb;
+use crate::config::SCAN_PROGRESS_EVERY;
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::{Record, RecordState};
-use crate::retention::partition::{PartitionName, partition_tables};
-use crate::scope::{Key, RecordKey, Scope};
-
-/// How often (in entries read) a scan or verification reports its progress.
-const PROGRESS_EVERY: u64 = 4096;
+use crate::records::partition::partition_names;
+use idemdb_core::scope::{Key, RecordKey, Scope};
 
 /// Which records [`IdemDb::scan`] visits. The default visits every record that counts (not
 /// expired), of every state and operation.
@@ -143,78 +140,32 @@ pub struct ScanSummary {
     pub stopped: bool,
 }
 
-impl IdemDb {
-    /// Visits the stored records that `filter` selects, one at a time, until `visit` returns
-    /// [`ControlFlow::Break`]; streaming, so memory does not grow with the file.
-    ///
-    /// All records come from one read transaction (waiting, as [`begin_read`](Self::begin_read)
-    /// does, until any write in flight is durable), so they are one consistent
-    /// state; expiry is judged at one reading of the database clock. The transaction is held
-    /// for the whole scan, which keeps the pages it reads from being reused: on a database
-    /// that is being written, keep `visit` quick. A stored key or record that does not decode
-    /// stops the scan with [`Error::Corrupted`] (use [`verify`](Self::verify) to list every
-    /// such entry).
-    ///
-    /// ```
-    /// use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, ScanFilter, Scope};
-    /// use std::ops::ControlFlow;
-    /// use std::time::Duration;
-    /// # let dir = tempfile::tempdir()?;
-    /// let db = IdemDb::open(dir.path().join("db"))?;
-    /// let lease = Duration::from_secs(30);
-    /// for (op, key) in [("order", "a"), ("order", "b"), ("refund", "c")] {
-    ///     if let ReserveOutcome::Acquired(r) = db.reserve(&Scope::new(op, "u1"), &Key::new(key), b"x", lease)? {
-    ///         if key != "b" {
-    ///             db.complete(&r, format!("done {key}"))?;
-    ///         }
-    ///     }
-    /// }
-    /// let mut done = Vec::new();
-    /// let filter = ScanFilter::default().operation("order").state(RecordState::Completed);
-    /// let summary = db.scan(&filter, |rec| {
-    ///     done.push((rec.key.as_bytes().to_vec(), rec.record.response));
-    ///     ControlFlow::Continue(())
-    /// })?;
-    /// assert_eq!(done, [(b"a".to_vec(), b"done a".to_vec())]);
-    /// assert_eq!(summary.visited, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn scan(
-        &self,
-        filter: &ScanFilter,
-        visit: impl FnMut(ScannedRecord) -> ControlFlow<()>,
-    ) -> Result<ScanSummary, Error> {
-        self.scan_with_progress(filter, |_| {}, visit)
-    }
-
-    /// [`scan`](Self::scan), also calling `progress` with the number of stored entries read so
-    /// far (filtered out or not) every few thousand entries and once at the end, for a
-    /// progress bar whose total is [`Stats::stored_records`](crate::Stats::stored_records).
-    pub fn scan_with_progress(
-        &self,
-        filter: &ScanFilter,
-        mut progress: impl FnMut(u64),
-        mut visit: impl FnMut(ScannedRecord) -> ControlFlow<()>,
-    ) -> Result<ScanSummary, Error> {
-        let txn = self.begin_read()?;
-        let mut run = Run {
-            filter,
-            now: self.engine.clock.now_ms(),
-            summary: ScanSummary::default(),
-            progress: &mut progress,
-            visit: &mut visit,
-        };
-        let keys = filter.keys();
-        for (name, stored_in) in tables_to_scan(&txn, filter)? {
-            if run.table(&txn, &name, stored_in, &keys)?.is_break() {
-                run.summary.stopped = true;
-                break;
-            }
+/// Visits the records of `txn` that `filter` selects, expiry judged at `now` ([`IdemDb::scan`]
+/// says what a caller sees).
+pub(crate) fn scan(
+    txn: &ReadTransaction,
+    now: u64,
+    filter: &ScanFilter,
+    progress: &mut impl FnMut(u64),
+    visit: &mut impl FnMut(ScannedRecord) -> ControlFlow<()>,
+) -> Result<ScanSummary, Error> {
+    let mut run = Run {
+        filter,
+        now,
+        summary: ScanSummary::default(),
+        progress: &mut *progress,
+        visit,
+    };
+    let keys = filter.keys();
+    for (name, stored_in) in tables_to_scan(txn, filter)? {
+        if run.table(txn, &name, stored_in, &keys)?.is_break() {
+            run.summary.stopped = true;
+            break;
         }
-        let summary = run.summary;
-        progress(summary.entries_read);
-        Ok(summary)
     }
+    let summary = run.summary;
+    progress(summary.entries_read);
+    Ok(summary)
 }
 
 /// The record tables a filter reads, in scan order.
@@ -227,7 +178,7 @@ fn tables_to_scan(
         tables.push((INFLIGHT.name().to_string(), StoredIn::InFlight));
     }
     if filter.reads_partitions() {
-        tables.extend(partitions(txn)?.into_iter().map(|part| {
+        tables.extend(partition_names(txn)?.into_iter().map(|part| {
             let stored_in = StoredIn::Partition {
                 start_ms: part.start,
                 width_ms: part.width,
@@ -237,16 +188,6 @@ fn tables_to_scan(
         }));
     }
     Ok(tables)
-}
-
-/// The partition tables of a transaction, oldest window first, as the catalog orders them.
-pub(crate) fn partitions(txn: &ReadTransaction) -> Result<Vec<PartitionName>, Error> {
-    let mut parts: Vec<PartitionName> = partition_tables(txn)?
-        .iter()
-        .filter_map(|table| PartitionName::parse(table))
-        .collect();
-    parts.sort();
-    Ok(parts)
 }
 
 struct Run<'a, P, V> {
@@ -286,7 +227,11 @@ where
                 break;
             }
             self.summary.entries_read += 1;
-            if self.summary.entries_read.is_multiple_of(PROGRESS_EVERY) {
+            if self
+                .summary
+                .entries_read
+                .is_multiple_of(SCAN_PROGRESS_EVERY)
+            {
                 (self.progress)(self.summary.entries_read);
             }
             let (operation, principal, key) = RecordKey::split(key).ok_or_else(|| {

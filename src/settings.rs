@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::clock::Clock;
 use crate::config::{Limits, WriterConfig};
-use crate::retention::Retention;
 use crate::tables::TableRegistry;
+use idemdb_core::clock::Clock;
+use idemdb_core::retention::Retention;
 
 /// What the engine is started with.
 pub(crate) struct Settings {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::scope::RecordKey;
+use idemdb_core::scope::RecordKey;
 
 #[derive(Default)]
 pub(crate) struct WaitRegistry {

@@ -8,12 +8,12 @@ use parking_lot::Mutex;
 use super::{Call, capture, closure_failure};
 use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError};
-use crate::fingerprint::Payload;
-use crate::outcome::{ExecuteOutcome, Outcome};
-use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::{Counter, StatsCollector};
 use crate::tx::Tx;
 use crate::writer::op::{OpOutput, RecordOp, WriteOp};
+use idemdb_core::fingerprint::Payload;
+use idemdb_core::outcome::{ExecuteOutcome, Outcome};
+use idemdb_core::scope::{Key, RecordKey, Scope};
 
 type Executed<E> = Result<ExecuteOutcome, ExecuteError<E>>;
 

@@ -3,13 +3,26 @@
 //! finisher that reads the writer's answer. [`IdemDb::call`] and [`IdemDb::call_async`] drive
 //! every call and count what the caller is told; the public methods are short wrappers.
 //!
+//! Every public method of [`IdemDb`] is in this folder:
+//! - open.rs: `open`, `builder`, `close`;
 //! - reserve.rs: `reserve`, `reserve_or_wait` and their async twins;
 //! - owner.rs: `complete`, `fail`, `release`, `extend`, `complete_with`, `fail_with`;
-//! - execute.rs: `execute` and `run`.
+//! - execute.rs: `execute` and `run`;
+//! - inbox.rs: `consume`, `consume_batch`;
+//! - inspect.rs: `get`, `stats`, `begin_read`, the settings in force, `compact_now`;
+//! - scan.rs: `scan`, `verify`;
+//! - typed.rs: `typed`;
+//! - store.rs: `IdemDb` as a `Store` and a `BlockingStore`.
 
 mod execute;
+mod inbox;
+mod inspect;
+mod open;
 mod owner;
 mod reserve;
+mod scan;
+mod store;
+mod typed;
 
 use std::panic::resume_unwind;
 use std::sync::Arc;

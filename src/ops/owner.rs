@@ -9,9 +9,9 @@ use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError};
 use crate::record::RecordState;
 use crate::stats::{Counter, StatsCollector};
-use crate::token::Reservation;
 use crate::tx::Tx;
 use crate::writer::op::{BusinessFn, OpOutput, RecordOp, WriteOp};
+use idemdb_core::token::Reservation;
 
 type Done = Result<(), Error>;
 type DoneWith<E> = Result<(), ExecuteError<E>>;

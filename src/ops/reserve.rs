@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 
 use super::{Call, lease_ms, unexpected};
 use crate::db::IdemDb;
-use crate::decide::{Decision, Replay, decide};
 use crate::error::Error;
-use crate::fingerprint::{Fingerprint, Payload};
 use crate::observe::snapshot_span;
-use crate::outcome::ReserveOutcome;
-use crate::scope::{Key, RecordKey, Scope};
 use crate::stats::{Counter, StatsCollector};
 use crate::timer::Timer;
 use crate::wait::WaitGuard;
 use crate::writer::op::{OpOutput, RecordOp, WriteOp};
+use idemdb_core::decide::{Decision, Replay, decide};
+use idemdb_core::fingerprint::{Fingerprint, Payload};
+use idemdb_core::outcome::ReserveOutcome;
+use idemdb_core::scope::{Key, RecordKey, Scope};
 
 type Reserved = Result<ReserveOutcome, Error>;
 

@@ -6,15 +6,13 @@ use redb::{
     MultimapTableHandle, ReadTransaction, ReadableTable, TableDefinition, TableError, TableHandle,
 };
 
-use crate::db::IdemDb;
+use crate::config::SCAN_PROGRESS_EVERY;
 use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::record::{Record, RecordState};
-use crate::retention::horizon::{HORIZON, decode_tags, is_source, row_source};
-use crate::retention::partition::PartitionName;
-use crate::scope::RecordKey;
-
-use super::PROGRESS_EVERY;
+use crate::records::horizon::{HORIZON, decode_tags, is_source, row_source};
+use crate::records::partition::{PartitionName, partition_names};
+use idemdb_core::scope::RecordKey;
 
 /// What [`IdemDb::verify`] read and what it found wrong.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,63 +58,34 @@ pub struct Problem {
     pub what: String,
 }
 
-impl IdemDb {
-    /// Checks every stored entry of idemdb's tables, in one read transaction, and reports the
-    /// problems found (the first `max_problems` of them, and how many in all); `progress` is
-    /// called with the number of records read so far every few thousand records and once at
-    /// the end.
-    ///
-    /// Page checksums are verified when the database is opened (unless
-    /// [`Builder::verify_on_open`](crate::Builder::verify_on_open) turned that off); this
-    /// checks what the pages hold: every in-flight and partition entry's key splits into a
-    /// non-empty operation, a principal and a non-empty key; every record decodes; IN_PROGRESS
-    /// records are in the in-flight table only and expire after their lease ends, finished ones
-    /// are in partitions only and were last changed in their partition's window with its TTL;
-    /// every token is below the meta table's `next_token`; every horizon row has an 8-byte
-    /// `until`, names a partition or an in-flight sweep, and holds distinct sorted 4-byte tags;
-    /// no table with idemdb's prefix is unknown. Only a storage error is returned as `Err`.
-    ///
-    /// ```
-    /// use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
-    /// use std::time::Duration;
-    /// # let dir = tempfile::tempdir()?;
-    /// let db = IdemDb::open(dir.path().join("db"))?;
-    /// let lease = Duration::from_secs(30);
-    /// if let ReserveOutcome::Acquired(r) = db.reserve(&Scope::new("op", "p"), &Key::new("k"), b"x", lease)? {
-    ///     db.complete(&r, b"ok".to_vec())?;
-    /// }
-    /// let report = db.verify(10, |_| {})?;
-    /// assert!(report.is_ok(), "{:?}", report.problems);
-    /// assert_eq!((report.partitions, report.finished_records), (1, 1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn verify(
-        &self,
-        max_problems: usize,
-        mut progress: impl FnMut(u64),
-    ) -> Result<VerifyReport, Error> {
-        let txn = self.begin_read()?;
-        let mut check = Check {
-            report: VerifyReport::default(),
-            max_problems,
-            now: self.engine.clock.now_ms(),
-            next_token: None,
-            read: 0,
-            progress: &mut progress,
-        };
-        check.catalog(&txn)?;
-        check.next_token = check.read_next_token(&txn)?;
-        check.records(&txn, INFLIGHT.name(), None)?;
-        for part in super::partitions(&txn)? {
-            check.report.partitions += 1;
-            check.records(&txn, &part.table_name(), Some(part))?;
-        }
-        check.horizon(&txn)?;
-        let read = check.read;
-        let report = check.report;
-        progress(read);
-        Ok(report)
+/// Checks every stored entry of idemdb's tables in `txn`, at `now` ([`IdemDb::verify`] says
+/// what is checked).
+pub(crate) fn verify(
+    txn: &ReadTransaction,
+    now: u64,
+    max_problems: usize,
+    progress: &mut impl FnMut(u64),
+) -> Result<VerifyReport, Error> {
+    let mut check = Check {
+        report: VerifyReport::default(),
+        max_problems,
+        now,
+        next_token: None,
+        read: 0,
+        progress: &mut *progress,
+    };
+    check.catalog(txn)?;
+    check.next_token = check.read_next_token(txn)?;
+    check.records(txn, INFLIGHT.name(), None)?;
+    for part in partition_names(txn)? {
+        check.report.partitions += 1;
+        check.records(txn, &part.table_name(), Some(part))?;
     }
+    check.horizon(txn)?;
+    let read = check.read;
+    let report = check.report;
+    progress(read);
+    Ok(report)
 }
 
 struct Check<'a, P> {
@@ -223,7 +192,7 @@ impl<P: FnMut(u64)> Check<'_, P> {
         for entry in table.iter()? {
             let (k, v) = entry?;
             self.read += 1;
-            if self.read.is_multiple_of(PROGRESS_EVERY) {
+            if self.read.is_multiple_of(SCAN_PROGRESS_EVERY) {
                 (self.progress)(self.read);
             }
             match part {

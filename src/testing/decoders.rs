@@ -3,9 +3,10 @@
 //! to what it read (canonical forms only). And valid samples of each, its seed corpus.
 
 use crate::record::Record;
-use crate::retention::horizon::{decode_tags, encode_tags, row_key, row_source, row_until};
-use crate::retention::partition::PartitionName;
-use crate::wal::{LogState, fuzz as wal};
+use crate::records::horizon::{decode_tags, encode_tags, row_key, row_source, row_until};
+use crate::records::partition::PartitionName;
+use crate::wal::frame::fuzz as wal;
+use crate::wal::state::LogState;
 
 /// Which decoder an input is for: its first byte, modulo this.
 pub const DECODERS: u8 = 6;
@@ -119,9 +120,9 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
 
 /// A record in every state, with and without a response.
 fn sample_records() -> Vec<Record> {
-    use crate::fingerprint::Fingerprint;
     use crate::record::RecordState;
-    use crate::token::FencingToken;
+    use idemdb_core::fingerprint::Fingerprint;
+    use idemdb_core::token::FencingToken;
     let base = Record {
         state: RecordState::InProgress,
         fingerprint: Fingerprint::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),

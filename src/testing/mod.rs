@@ -12,28 +12,28 @@ use redb::{ReadTransaction, TableDefinition};
 pub const INFLIGHT: TableDefinition<'static, &[u8], &[u8]> = crate::engine_tables::INFLIGHT;
 
 /// The horizon rows of dropped partitions (docs/design.md §5.4).
-pub const HORIZON: TableDefinition<'static, &[u8], &[u8]> = crate::retention::horizon::HORIZON;
+pub const HORIZON: TableDefinition<'static, &[u8], &[u8]> = crate::records::horizon::HORIZON;
 
 /// The names of the partition tables `read` holds, oldest first.
 /// Decodes a record as stored in the engine's tables (docs/design.md §3).
-pub fn decode_record(bytes: &[u8]) -> Result<crate::Record, crate::Error> {
+pub fn decode_record(bytes: &[u8]) -> Result<crate::record::Record, crate::error::Error> {
     crate::record::decode(bytes)
 }
 
 /// The partition tables of a read transaction.
-pub fn partition_tables(read: &ReadTransaction) -> Result<Vec<String>, crate::Error> {
-    crate::retention::partition::partition_tables(read)
+pub fn partition_tables(read: &ReadTransaction) -> Result<Vec<String>, crate::error::Error> {
+    crate::records::partition::partition_tables(read)
 }
 
 /// Reserves every key of `keys` as one group of calls queued together (`call_many`): the batch
 /// that as many callers arriving at once make, in one group commit where they fit.
 pub fn reserve_many(
-    db: &crate::IdemDb,
-    scope: &crate::Scope,
-    keys: &[crate::Key],
+    db: &crate::db::IdemDb,
+    scope: &idemdb_core::scope::Scope,
+    keys: &[idemdb_core::scope::Key],
     payload: &[u8],
     lease: std::time::Duration,
-) -> Vec<Result<crate::ReserveOutcome, crate::Error>> {
+) -> Vec<Result<idemdb_core::outcome::ReserveOutcome, crate::error::Error>> {
     let calls = keys
         .iter()
         .map(|key| db.prepare_reserve(scope, key, payload.into(), lease))
@@ -54,9 +54,9 @@ pub enum Finish {
 
 /// Runs the owner calls as one group queued together, like [`reserve_many`].
 pub fn finish_many(
-    db: &crate::IdemDb,
-    calls: Vec<(&crate::Reservation, Finish)>,
-) -> Vec<Result<(), crate::Error>> {
+    db: &crate::db::IdemDb,
+    calls: Vec<(&idemdb_core::token::Reservation, Finish)>,
+) -> Vec<Result<(), crate::error::Error>> {
     use crate::record::RecordState;
     let calls = calls
         .into_iter()
@@ -71,18 +71,18 @@ pub fn finish_many(
 
 /// Operations queued for the writer and not yet taken into a batch: lets a test line up a
 /// batch without sleeping.
-pub fn queued_ops(db: &crate::IdemDb) -> usize {
+pub fn queued_ops(db: &crate::db::IdemDb) -> usize {
     db.writer.queued()
 }
 
 /// How many partitions a lookup of `key` in `scope` reads: those the key index names for it
 /// that are still in the catalog (docs/design.md §8.3).
 pub fn partitions_probed(
-    db: &crate::IdemDb,
-    scope: &crate::Scope,
-    key: &crate::Key,
-) -> Result<usize, crate::Error> {
-    let key = crate::scope::RecordKey::encode(scope, key, db.limits())?;
+    db: &crate::db::IdemDb,
+    scope: &idemdb_core::scope::Scope,
+    key: &idemdb_core::scope::Key,
+) -> Result<usize, crate::error::Error> {
+    let key = idemdb_core::scope::RecordKey::encode(scope, key, db.limits())?;
     let layout = &db.engine.layout;
     let catalog = layout.partitions.catalog();
     let named = layout.index.candidates(layout.index.hash(key.as_bytes()));
@@ -92,7 +92,7 @@ pub fn partitions_probed(
 /// Makes every refresh of the shared read snapshot fail from now on (and drops the current
 /// one): readers then open a read transaction of their own, which shows commits that are not
 /// durable yet, so only the durability tracker stands between them and such state.
-pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
+pub fn fail_snapshot_refresh(db: &crate::db::IdemDb) {
     let snapshots = &db.engine.snapshots;
     snapshots
         .fail_refresh
@@ -103,14 +103,14 @@ pub fn fail_snapshot_refresh(db: &crate::IdemDb) {
 /// Runs `hook` once, at the start of the next refresh of the shared read snapshot, on the
 /// thread that refreshes it (after a pass's or a checkpoint's commit, before its entries leave
 /// the overlay): a test can read the database at that moment.
-pub fn before_next_refresh(db: &crate::IdemDb, hook: impl FnOnce() + Send + 'static) {
+pub fn before_next_refresh(db: &crate::db::IdemDb, hook: impl FnOnce() + Send + 'static) {
     *db.engine.snapshots.before_refresh.lock() = Some(Box::new(hook));
 }
 
 /// Runs `hook` once, on the writer's leader thread, when the next batch that changes a record
 /// reaches its durability point: applied, its transactions committed, its frame not yet
 /// written (it waits for `hook` to return).
-pub fn after_next_commit(db: &crate::IdemDb, hook: impl FnOnce() + Send + 'static) {
+pub fn after_next_commit(db: &crate::db::IdemDb, hook: impl FnOnce() + Send + 'static) {
     *db.engine.durability.after_commit.lock() = Some(Box::new(hook));
 }
 
@@ -127,7 +127,7 @@ pub struct LogLayout {
 impl LogLayout {
     /// Reads `log`, a whole log file.
     pub fn read(log: &[u8]) -> LogLayout {
-        let (cycle, run) = crate::wal::layout(log);
+        let (cycle, run) = crate::wal::scan::layout(log);
         LogLayout { cycle, run }
     }
 
@@ -153,7 +153,7 @@ pub fn recorded_log(database: &[u8]) -> Result<(u64, bool), String> {
     let meta = read
         .open_table(crate::engine_tables::META)
         .map_err(|e| e.to_string())?;
-    let recorded = crate::wal::read_log_record(&meta).map_err(|e| e.to_string())?;
+    let recorded = crate::recovery::read_log_record(&meta).map_err(|e| e.to_string())?;
     Ok((
         recorded.checkpoint,
         recorded.state.is_some_and(|s| s.in_use),

@@ -29,7 +29,7 @@ pub(crate) enum LogFile {
 }
 
 impl LogFile {
-    pub(super) fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         match self {
             LogFile::Open { path, .. } => path.as_deref(),
             LogFile::Absent { path } => Some(path),
@@ -93,7 +93,7 @@ impl Log {
     /// The log in `file`, as the database records it in `state`, whose cycle sector holds
     /// `cycle`, after the checkpoint `last_seq`: the next frame is written at its start, once
     /// the cycle sector says `last_seq`.
-    pub(super) fn opened(
+    pub(crate) fn opened(
         file: Box<dyn StorageBackend>,
         path: Option<PathBuf>,
         database_id: u64,
@@ -236,7 +236,7 @@ pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
 /// Writes a fresh log over `file`: its old content dropped, then the header, the cycle sector
 /// (frames follow `checkpoint`) and a zero-filled first step, durable before the database
 /// records it (and so before any frame).
-pub(super) fn create(
+pub(crate) fn create(
     file: &dyn StorageBackend,
     (database_id, log_id): (u64, u64),
     checkpoint: u64,

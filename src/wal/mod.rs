@@ -5,25 +5,19 @@
 //! answered; redb gets them later, from the overlay. A checkpoint (a durable redb commit that
 //! records the last frame's sequence number in meta) makes the frames before it redundant, and
 //! the log is written again from its start once one is taken under the leader lock. At open,
-//! the frames after the checkpoint are replayed (recover.rs). The byte layout is in frame.rs
-//! and docs/design.md §5.6.
+//! the frames after the checkpoint are replayed (recovery.rs, above the record store). The
+//! byte layout is in frame.rs and docs/design.md §5.6.
+//!
+//! - frame.rs: the byte layout of the header, the cycle sector and a frame;
+//! - state.rs: what the database file records of its log (meta `log`, `log_losses`);
+//! - log.rs: `Log`: append + `fdatasync`, growth, recycling, the cycle sector;
+//! - scan.rs: what an open finds in the log, and the evidence that it lacks what the file
+//!   relies on.
 
-mod frame;
-mod log;
-mod recover;
-mod scan;
-mod state;
+pub(crate) mod frame;
+pub(crate) mod log;
+pub(crate) mod scan;
+pub(crate) mod state;
 
-pub(crate) use frame::Effect;
-pub(crate) use frame::fits;
-#[cfg(feature = "test-hooks")]
-pub(crate) use frame::fuzz;
-#[cfg(feature = "test-hooks")]
-pub(crate) use recover::read_log_record;
-pub(crate) use recover::{Opening, Recovered, check_not_orphaned, open_log};
-#[cfg(feature = "test-hooks")]
-pub(crate) use scan::layout;
-#[cfg(feature = "test-hooks")]
-pub(crate) use state::LogState;
-
+pub(crate) use frame::{Effect, fits};
 pub(crate) use log::{Log, LogFile, LogGauges, log_io, sync_dir};

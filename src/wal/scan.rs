@@ -8,26 +8,26 @@ use super::state::LogState;
 use crate::log_problem::LogProblem;
 
 /// The log as read at open.
-pub(super) struct Seen {
+pub(crate) struct Seen {
     /// Whether there is a log file at all.
-    pub(super) present: bool,
+    pub(crate) present: bool,
     /// Its length in bytes.
-    pub(super) len: u64,
-    pub(super) header: Header,
+    pub(crate) len: u64,
+    pub(crate) header: Header,
     /// The cycle sector (`None` in a version-1 log, which had none).
-    pub(super) cycle: Option<Cycle>,
+    pub(crate) cycle: Option<Cycle>,
     /// From the first frame offset, the frames whose sequence numbers follow each other.
-    pub(super) run: Vec<Frame>,
+    pub(crate) run: Vec<Frame>,
     /// Where the run ends (the first offset that does not continue it).
-    pub(super) run_end: u64,
+    pub(crate) run_end: u64,
     /// Every other intact frame of this database past the run, with its offset.
-    pub(super) others: Vec<(u64, Frame)>,
+    pub(crate) others: Vec<(u64, Frame)>,
 }
 
 impl Seen {
     /// Reads `bytes`, the whole log (`None`: no file). `log_id` is the log the database
     /// records, for a header too damaged to say which log it is.
-    pub(super) fn read(bytes: Option<&[u8]>, database_id: u64, log_id: Option<u64>) -> Seen {
+    pub(crate) fn read(bytes: Option<&[u8]>, database_id: u64, log_id: Option<u64>) -> Seen {
         let Some(bytes) = bytes else {
             return Seen {
                 present: false,
@@ -87,13 +87,13 @@ impl Seen {
     }
 
     /// The run's frames above `checkpoint`: what a normal open replays.
-    pub(super) fn run_above(&self, checkpoint: u64) -> Vec<&Frame> {
+    pub(crate) fn run_above(&self, checkpoint: u64) -> Vec<&Frame> {
         self.run.iter().filter(|f| f.seq > checkpoint).collect()
     }
 
     /// Every intact frame above `checkpoint`, wherever it lies, in sequence order, each
     /// sequence number once: what an open that accepts a loss keeps.
-    pub(super) fn every_frame_above(&self, checkpoint: u64) -> Vec<&Frame> {
+    pub(crate) fn every_frame_above(&self, checkpoint: u64) -> Vec<&Frame> {
         let mut all: Vec<&Frame> = self.all_frames().filter(|f| f.seq > checkpoint).collect();
         all.sort_by_key(|f| f.seq);
         all.dedup_by_key(|f| f.seq);
@@ -101,12 +101,12 @@ impl Seen {
     }
 
     /// The newest sequence number of any intact frame.
-    pub(super) fn newest_seq(&self) -> u64 {
+    pub(crate) fn newest_seq(&self) -> u64 {
         self.all_frames().map(|f| f.seq).max().unwrap_or(0)
     }
 
     /// Every intact frame: the run, then the others.
-    pub(super) fn all_frames(&self) -> impl Iterator<Item = &Frame> {
+    pub(crate) fn all_frames(&self) -> impl Iterator<Item = &Frame> {
         self.run.iter().chain(self.others.iter().map(|(_, f)| f))
     }
 }
@@ -151,7 +151,7 @@ pub(crate) struct Recorded {
 /// The evidence, if any, that the log lacks what the database relies on, or is not its log.
 /// `None`: the run's frames above the checkpoint are everything acknowledged since it (as far
 /// as two files can tell: design.md §5.6 lists what is undetectable, and why).
-pub(super) fn examine(seen: &Seen, database_id: u64, recorded: &Recorded) -> Option<LogProblem> {
+pub(crate) fn examine(seen: &Seen, database_id: u64, recorded: &Recorded) -> Option<LogProblem> {
     let c = recorded.checkpoint;
     if let Header::Of {
         database_id: found, ..

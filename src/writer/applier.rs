@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::group_commit::Writer;
 use crate::config::APPLY_INTERVAL;
-use crate::writer::Writer;
 
 impl Writer {
     /// Starts the applier thread. Without it (it could not be spawned), checkpoints write the

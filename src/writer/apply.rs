@@ -5,22 +5,24 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use redb::{Durability, WriteTransaction};
 
+use super::op::{BusinessFn, ClosureFailed, ExecuteFn, OpOutput, RecordOp, RunFn, WriteOp};
 use crate::config::Limits;
-use crate::decide::{Decision, Replay, check_owner, decide, new_owner};
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
-use crate::overlay::Written;
 use crate::record::{Record, RecordState};
-use crate::retention::BeyondHorizonPolicy;
-use crate::retention::locate::Found;
-use crate::retention::records::{Created, Records};
+use crate::records::locate::Found;
+use crate::records::overlay::Written;
+use crate::records::txn::{Created, Records};
 use crate::tables::TableRegistry;
-use crate::token::{FencingToken, Grant, Reservation};
 use crate::tx::Tx;
 use crate::tx_table::BusinessLog;
 use crate::wal::Effect;
-use crate::writer::op::{ClosureFailed, OpOutput, RecordOp, WriteOp};
+use idemdb_core::decide::{Decision, Replay, check_owner, decide, new_owner};
+use idemdb_core::fingerprint::Fingerprint;
+use idemdb_core::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use idemdb_core::retention::BeyondHorizonPolicy;
+use idemdb_core::scope::RecordKey;
+use idemdb_core::token::{FencingToken, Grant, Reservation};
 
 /// State shared by the ops of one transaction.
 pub(crate) struct Ctx<'a> {
@@ -170,155 +172,216 @@ enum Stop {
     Abort(Error),
 }
 
+/// One op, dispatched to the step of its kind.
 fn try_apply(
     op: WriteOp,
     txn: Option<&WriteTransaction>,
     records: &mut Records<'_>,
     ctx: &mut Ctx<'_>,
 ) -> Result<Applied, Stop> {
-    let now = ctx.now_ms;
-    // Only a segment of one op that runs caller code has a transaction (apply_segment).
-    let with_txn = || {
-        txn.ok_or_else(|| Stop::Abort(Error::Internal("caller code without a transaction".into())))
-    };
     let (key, op) = match op {
-        WriteOp::Run { body } => {
-            let txn = with_txn()?;
-            let mut tx = Tx::new(txn, ctx.tables, now, false);
-            return Ok(match run_closure(|| body(&mut tx)) {
-                Ok(()) => Applied::changed(OpOutput::Ran).wrote(tx.into_log()),
-                Err(failed) => Applied::aborted(Ok(failed)),
-            });
-        }
+        WriteOp::Run { body } => return apply_run(body, txn, ctx),
         WriteOp::Record { key, op } => (key, op),
     };
     let hash = records.layout.index.hash(key.as_bytes());
     // A stored record that fails validation is this op's problem alone; a failed read leaves
     // the transaction suspect.
-    let found = records.find(&key, hash, now).map_err(|e| match e {
+    let found = records.find(&key, hash, ctx.now_ms).map_err(|e| match e {
         Error::Corrupted(_) => Stop::Answer(e),
         _ => Stop::Abort(e),
     })?;
+    let at = At { key, hash, found };
     match op {
         RecordOp::Reserve {
             fingerprint,
             lease_ms,
-        } => {
-            let lease_expires_at = now.saturating_add(lease_ms);
-            let claim = claim(found, fingerprint, lease_expires_at, records, hash, ctx)
-                .map_err(Stop::Answer)?;
-            let (mut rec, takeover, beyond) = match claim {
-                Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Reserved(r.into())))),
-                Claim::Refused => {
-                    return Ok(Applied::refused(OpOutput::Reserved(
-                        ReserveOutcome::BeyondHorizon,
-                    )));
-                }
-                Claim::Acquired {
-                    rec,
-                    takeover,
-                    beyond,
-                } => (rec, takeover, beyond),
-            };
-            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            let acquired = Reservation::issue(Grant {
-                database_id: ctx.database_id,
-                record_key: key,
-                token: rec.token,
-                lease_expires_at,
-                attempt: rec.attempts,
-                takeover,
-                beyond_horizon: beyond,
-            });
-            let mut applied =
-                Applied::changed(OpOutput::Reserved(ReserveOutcome::Acquired(acquired)));
-            applied.beyond_horizon = beyond;
-            Ok(applied)
-        }
+        } => apply_reserve(at, fingerprint, lease_ms, records, ctx),
         RecordOp::Finish {
             token,
             state,
             response,
             business,
-        } => {
-            let mut rec = match check_owner(found.live, token) {
-                Ok(rec) => rec,
-                Err(e) => return Ok(Applied::answer(Err(e.into()))),
-            };
-            let mut wrote = BusinessLog::default();
-            if let Some(business) = business {
-                let mut tx = Tx::new(with_txn()?, ctx.tables, now, false);
-                match run_closure(|| business(&mut tx)) {
-                    Ok(()) => wrote = tx.into_log(),
-                    Err(failed) => return Ok(Applied::aborted(Ok(failed))),
-                }
-            }
-            rec.state = state;
-            rec.updated_at = now;
-            rec.response = response;
-            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            Ok(Applied::changed(OpOutput::Done).wrote(wrote))
-        }
-        RecordOp::Release { token } => {
-            if let Err(e) = check_owner(found.live, token) {
-                return Ok(Applied::answer(Err(e.into())));
-            }
-            records.remove(&key, hash).map_err(Stop::Abort)?;
-            Ok(Applied::changed(OpOutput::Done))
-        }
-        RecordOp::Extend { token, lease_ms } => {
-            let mut rec = match check_owner(found.live, token) {
-                Ok(rec) => rec,
-                Err(e) => return Ok(Applied::answer(Err(e.into()))),
-            };
-            rec.lease_expires_at = now.saturating_add(lease_ms);
-            rec.updated_at = now;
-            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            Ok(Applied::changed(OpOutput::Extended {
-                lease_expires_at: rec.lease_expires_at,
-            }))
-        }
+        } => apply_finish(at, token, (state, response), business, txn, records, ctx),
+        RecordOp::Release { token } => apply_release(at, token, records),
+        RecordOp::Extend { token, lease_ms } => apply_extend(at, token, lease_ms, records, ctx),
         RecordOp::Execute { fingerprint, body } => {
-            // Claimed before the closure runs: no error may follow its writes but a rollback.
-            let claimed =
-                claim(found, fingerprint, now, records, hash, ctx).map_err(Stop::Answer)?;
-            let (mut rec, beyond, takeover) = match claimed {
-                Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Executed(r.into())))),
-                Claim::Refused => {
-                    return Ok(Applied::refused(OpOutput::Executed(
-                        ExecuteOutcome::BeyondHorizon,
-                    )));
-                }
-                Claim::Acquired {
-                    rec,
-                    beyond,
-                    takeover,
-                } => (rec, beyond, takeover),
-            };
-            let mut tx = Tx::new(with_txn()?, ctx.tables, now, beyond);
-            let outcome = match run_closure(|| body(&mut tx)) {
-                Ok(outcome) => outcome,
-                Err(failed) => return Ok(Applied::aborted(Ok(failed))),
-            };
-            let wrote = tx.into_log();
-            if let Err(e) = ctx.limits.check_response(outcome.response()) {
-                return Ok(Applied::aborted(Err(e.into())));
-            }
-            let (state, response) = match &outcome {
-                Outcome::Completed(b) => (RecordState::Completed, b.clone()),
-                Outcome::Failed(b) => (RecordState::Failed, b.clone()),
-            };
-            rec.state = state;
-            rec.response = response;
-            records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
-            let mut applied =
-                Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome)))
-                    .wrote(wrote);
-            applied.beyond_horizon = beyond;
-            applied.execute_takeover = takeover;
-            Ok(applied)
+            apply_execute(at, fingerprint, body, txn, records, ctx)
         }
     }
+}
+
+/// The key an op is about, its hash, and what the store holds for it.
+struct At {
+    key: RecordKey,
+    hash: u64,
+    found: Found,
+}
+
+/// Only a segment of one op that runs caller code has a transaction (apply_segment).
+fn with_txn(txn: Option<&WriteTransaction>) -> Result<&WriteTransaction, Stop> {
+    txn.ok_or_else(|| Stop::Abort(Error::Internal("caller code without a transaction".into())))
+}
+
+/// `run`: the caller's closure over its tables, without a record.
+fn apply_run(body: RunFn, txn: Option<&WriteTransaction>, ctx: &Ctx<'_>) -> Result<Applied, Stop> {
+    let mut tx = Tx::new(with_txn(txn)?, ctx.tables, ctx.now_ms, false);
+    Ok(match run_closure(|| body(&mut tx)) {
+        Ok(()) => Applied::changed(OpOutput::Ran).wrote(tx.into_log()),
+        Err(failed) => Applied::aborted(Ok(failed)),
+    })
+}
+
+/// `reserve`: a replay, a refusal, or the key acquired with a new token and lease.
+fn apply_reserve(
+    at: At,
+    fingerprint: Fingerprint,
+    lease_ms: u64,
+    records: &mut Records<'_>,
+    ctx: &mut Ctx<'_>,
+) -> Result<Applied, Stop> {
+    let lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
+    let At { key, hash, found } = at;
+    let claim =
+        claim(found, fingerprint, lease_expires_at, records, hash, ctx).map_err(Stop::Answer)?;
+    let (mut rec, takeover, beyond) = match claim {
+        Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Reserved(r.into())))),
+        Claim::Refused => {
+            return Ok(Applied::refused(OpOutput::Reserved(
+                ReserveOutcome::BeyondHorizon,
+            )));
+        }
+        Claim::Acquired {
+            rec,
+            takeover,
+            beyond,
+        } => (rec, takeover, beyond),
+    };
+    records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
+    let acquired = Reservation::issue(Grant {
+        database_id: ctx.database_id,
+        record_key: key,
+        token: rec.token,
+        lease_expires_at,
+        attempt: rec.attempts,
+        takeover,
+        beyond_horizon: beyond,
+    });
+    let mut applied = Applied::changed(OpOutput::Reserved(ReserveOutcome::Acquired(acquired)));
+    applied.beyond_horizon = beyond;
+    Ok(applied)
+}
+
+/// `complete` / `fail` (and their `_with` forms, whose closure writes the caller's tables):
+/// the owner's record finished with its response.
+fn apply_finish(
+    at: At,
+    token: FencingToken,
+    (state, response): (RecordState, Vec<u8>),
+    business: Option<BusinessFn>,
+    txn: Option<&WriteTransaction>,
+    records: &mut Records<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Applied, Stop> {
+    let mut rec = match check_owner(at.found.live, token) {
+        Ok(rec) => rec,
+        Err(e) => return Ok(Applied::answer(Err(e.into()))),
+    };
+    let mut wrote = BusinessLog::default();
+    if let Some(business) = business {
+        let mut tx = Tx::new(with_txn(txn)?, ctx.tables, ctx.now_ms, false);
+        match run_closure(|| business(&mut tx)) {
+            Ok(()) => wrote = tx.into_log(),
+            Err(failed) => return Ok(Applied::aborted(Ok(failed))),
+        }
+    }
+    rec.state = state;
+    rec.updated_at = ctx.now_ms;
+    rec.response = response;
+    records
+        .store(&at.key, at.hash, &mut rec)
+        .map_err(Stop::Abort)?;
+    Ok(Applied::changed(OpOutput::Done).wrote(wrote))
+}
+
+/// `release`: the owner's IN_PROGRESS record removed, so that a retry runs again.
+fn apply_release(at: At, token: FencingToken, records: &mut Records<'_>) -> Result<Applied, Stop> {
+    if let Err(e) = check_owner(at.found.live, token) {
+        return Ok(Applied::answer(Err(e.into())));
+    }
+    records.remove(&at.key, at.hash).map_err(Stop::Abort)?;
+    Ok(Applied::changed(OpOutput::Done))
+}
+
+/// `extend`: the owner's lease renewed from now.
+fn apply_extend(
+    at: At,
+    token: FencingToken,
+    lease_ms: u64,
+    records: &mut Records<'_>,
+    ctx: &Ctx<'_>,
+) -> Result<Applied, Stop> {
+    let mut rec = match check_owner(at.found.live, token) {
+        Ok(rec) => rec,
+        Err(e) => return Ok(Applied::answer(Err(e.into()))),
+    };
+    rec.lease_expires_at = ctx.now_ms.saturating_add(lease_ms);
+    rec.updated_at = ctx.now_ms;
+    records
+        .store(&at.key, at.hash, &mut rec)
+        .map_err(Stop::Abort)?;
+    Ok(Applied::changed(OpOutput::Extended {
+        lease_expires_at: rec.lease_expires_at,
+    }))
+}
+
+/// `execute`: claims the key, runs the caller's closure and stores its outcome, all in one
+/// transaction; or replays, or refuses.
+fn apply_execute(
+    at: At,
+    fingerprint: Fingerprint,
+    body: ExecuteFn,
+    txn: Option<&WriteTransaction>,
+    records: &mut Records<'_>,
+    ctx: &mut Ctx<'_>,
+) -> Result<Applied, Stop> {
+    let now = ctx.now_ms;
+    let At { key, hash, found } = at;
+    // Claimed before the closure runs: no error may follow its writes but a rollback.
+    let claimed = claim(found, fingerprint, now, records, hash, ctx).map_err(Stop::Answer)?;
+    let (mut rec, beyond, takeover) = match claimed {
+        Claim::Replay(r) => return Ok(Applied::answer(Ok(OpOutput::Executed(r.into())))),
+        Claim::Refused => {
+            return Ok(Applied::refused(OpOutput::Executed(
+                ExecuteOutcome::BeyondHorizon,
+            )));
+        }
+        Claim::Acquired {
+            rec,
+            beyond,
+            takeover,
+        } => (rec, beyond, takeover),
+    };
+    let mut tx = Tx::new(with_txn(txn)?, ctx.tables, now, beyond);
+    let outcome = match run_closure(|| body(&mut tx)) {
+        Ok(outcome) => outcome,
+        Err(failed) => return Ok(Applied::aborted(Ok(failed))),
+    };
+    let wrote = tx.into_log();
+    if let Err(e) = ctx.limits.check_response(outcome.response()) {
+        return Ok(Applied::aborted(Err(e.into())));
+    }
+    let (state, response) = match &outcome {
+        Outcome::Completed(b) => (RecordState::Completed, b.clone()),
+        Outcome::Failed(b) => (RecordState::Failed, b.clone()),
+    };
+    rec.state = state;
+    rec.response = response;
+    records.store(&key, hash, &mut rec).map_err(Stop::Abort)?;
+    let mut applied =
+        Applied::changed(OpOutput::Executed(ExecuteOutcome::Executed(outcome))).wrote(wrote);
+    applied.beyond_horizon = beyond;
+    applied.execute_takeover = takeover;
+    Ok(applied)
 }
 
 /// Runs a caller's closure, containing its panic so that neighbours in the batch are not hurt.
@@ -347,7 +410,7 @@ enum Claim {
 /// same write transaction.
 fn claim(
     found: Found,
-    fingerprint: crate::fingerprint::Fingerprint,
+    fingerprint: Fingerprint,
     lease_expires_at: u64,
     records: &Records<'_>,
     hash: u64,

@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use redb::WriteTransaction;
 
-use super::{LeaderState, Writer};
+use super::group_commit::{LeaderState, Writer};
 use crate::engine_tables::{CHECKPOINT_KEY, META, NEXT_TOKEN_KEY};
 use crate::error::Error;
-use crate::overlay::{Taken, Written};
+use crate::records::overlay::{Taken, Written};
 use crate::stats::Counter;
 
 /// Most rounds of a checkpoint's first phase.

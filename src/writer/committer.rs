@@ -9,12 +9,12 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::group_commit::Writer;
+use super::op::{OpOutput, RecordOp, WriteOp};
+use super::queue::{Job, Queue, Slot, SlotState, acquired};
 use crate::error::Error;
 use crate::observe::{Span, write_span};
-use crate::token::Reservation;
-use crate::writer::Writer;
-use crate::writer::op::{OpOutput, RecordOp, WriteOp};
-use crate::writer::queue::{Job, Queue, Slot, SlotState, acquired};
+use idemdb_core::token::Reservation;
 
 impl Writer {
     /// Queues `op` for an async caller; the future resolves once its batch is durable.

@@ -3,7 +3,7 @@
 
 use redb::WriteTransaction;
 
-use super::Writer;
+use super::group_commit::Writer;
 use std::sync::Arc;
 
 use crate::error::{CommitFailed, Error};

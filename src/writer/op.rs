@@ -2,12 +2,12 @@
 
 use std::any::Any;
 
-use crate::fingerprint::Fingerprint;
-use crate::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 use crate::record::RecordState;
-use crate::scope::RecordKey;
-use crate::token::FencingToken;
 use crate::tx::Tx;
+use idemdb_core::fingerprint::Fingerprint;
+use idemdb_core::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
+use idemdb_core::scope::RecordKey;
+use idemdb_core::token::FencingToken;
 
 /// A caller's closure returned `Err`; the error itself stays with the caller.
 pub(crate) struct ClosureFailed;

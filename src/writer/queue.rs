@@ -13,10 +13,10 @@ use std::task::Waker;
 
 use parking_lot::Mutex;
 
+use super::op::{OpOutput, WriteOp};
 use crate::error::Error;
-use crate::outcome::ReserveOutcome;
-use crate::token::Reservation;
-use crate::writer::op::{OpOutput, WriteOp};
+use idemdb_core::outcome::ReserveOutcome;
+use idemdb_core::token::Reservation;
 
 #[derive(Default)]
 pub(crate) struct Queue {

@@ -7,9 +7,9 @@ use std::collections::hash_map::Entry;
 
 use redb::{Durability, TableDefinition, WriteTransaction};
 
-use super::Writer;
+use super::group_commit::Writer;
 use crate::error::Error;
-use crate::overlay::{Taken, Written};
+use crate::records::overlay::{Taken, Written};
 
 type RecordTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
 

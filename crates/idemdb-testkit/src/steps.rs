@@ -12,7 +12,7 @@ use idemdb::ReserveOutcome;
 use idemdb::testing::{self, Finish};
 use idemdb::{Error, ExecuteError};
 
-use crate::FaultBackend;
+use crate::backend::FaultBackend;
 use crate::workload::{
     Checkpoints, Expect, INBOX, KeyLog, LONG_LEASE, ROWS, Script, log_payload, open_workload_as,
     response, run_script, scope,

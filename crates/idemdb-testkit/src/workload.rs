@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idemdb::redb::{self, ReadableTable, TableDefinition};
 
-use crate::FaultBackend;
+use crate::backend::FaultBackend;
 
 use idemdb::Error;
 use idemdb::IdemDb;

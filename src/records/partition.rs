@@ -14,7 +14,7 @@ use parking_lot::RwLock;
 use redb::{ReadTransaction, TableDefinition, TableHandle};
 
 use crate::error::Error;
-use crate::retention::Rules;
+use idemdb_core::retention::Rules;
 
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
 const PREFIX: &str = "idemdb_p_";
@@ -260,6 +260,16 @@ impl Partitions {
             .collect();
         *current = Arc::new(Catalog::new(parts));
     }
+}
+
+/// The partitions of a transaction, oldest window first, as the catalog orders them.
+pub(crate) fn partition_names(txn: &ReadTransaction) -> Result<Vec<PartitionName>, Error> {
+    let mut parts: Vec<PartitionName> = partition_tables(txn)?
+        .iter()
+        .filter_map(|table| PartitionName::parse(table))
+        .collect();
+    parts.sort();
+    Ok(parts)
 }
 
 #[cfg(test)]

@@ -5,10 +5,11 @@
 
 use crate::db::IdemDb;
 use crate::error::{Error, ExecuteError};
-use crate::outcome::Outcome;
 use crate::reentry::refuse_reentry;
 use crate::tx::Tx;
-pub use idemdb_core::inbox::Consumed;
+use idemdb_core::inbox::Consumed;
+use idemdb_core::outcome::Outcome;
+
 use idemdb_core::inbox::{INBOX_PAYLOAD, consumed, names};
 
 fn body<F, E>(handler: F) -> impl FnOnce(&mut Tx<'_>) -> Result<Outcome, E> + Send + 'static

@@ -15,15 +15,15 @@ use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, TableHand
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::overlay::{Overlay, Slot};
 use crate::record::Record;
-use crate::retention::locate::{
+use crate::records::locate::{
     Found, Layered, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in, inflight_in,
     newest,
 };
-use crate::retention::partition::{Catalog, Partition};
-use crate::scope::RecordKey;
+use crate::records::overlay::{Overlay, Slot};
+use crate::records::partition::{Catalog, Partition};
 use crate::shard::{SHARDS, shard_index};
+use idemdb_core::scope::RecordKey;
 
 type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 

@@ -17,16 +17,16 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition};
 
-use super::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
-use super::log::{Log, LogFile, create, log_io, sync_dir};
-use super::scan::{Recorded, Seen, examine};
-use super::state::{LogState, read_losses, read_state, record_loss};
 use crate::engine_tables::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
-use crate::retention::partition::PartitionName;
+use crate::records::partition::PartitionName;
 use crate::stats::LogLoss;
 use crate::tables::TableRegistry;
+use crate::wal::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
+use crate::wal::log::{Log, LogFile, create, log_io, sync_dir};
+use crate::wal::scan::{Recorded, Seen, examine};
+use crate::wal::state::{LogState, read_losses, read_state, record_loss};
 
 /// Added to the token ceiling when a loss is accepted, above every token found in the two
 /// files: tokens issued by a database file that was rolled back are not in it, and this many
@@ -74,127 +74,30 @@ pub(crate) fn open_log(
 ) -> Result<(Log, Recovered), Error> {
     let path = file.path().map(Path::to_path_buf);
     let recorded = read_recorded(db)?;
-    let (file, seen) = match file {
-        LogFile::Open { file, .. } => {
-            let bytes = read_all(&*file).map_err(|e| log_io(path.as_deref(), "read", e))?;
-            let seen = Seen::read(
-                Some(&bytes),
-                how.database_id,
-                recorded.log.state.map(|s| s.id),
-            );
-            (Some(file), seen)
-        }
-        LogFile::Absent { .. } => (None, Seen::read(None, how.database_id, None)),
-    };
+    let (file, seen) = read_log(file, path.as_deref(), how.database_id, &recorded)?;
     let accepted = match examine(&seen, how.database_id, &recorded.log) {
         None => None,
         Some(problem) if how.accept_loss && problem.can_accept() => Some(problem),
-        Some(problem) => {
-            return Err(Error::LogRefused { log: path, problem });
+        Some(problem) => return Err(Error::LogRefused { log: path, problem }),
+    };
+    let plan = Plan::new(&seen, &recorded, accepted.is_some(), how);
+    let recovered = plan.recovered(&recorded, accepted, how);
+    let (file, record, replay) = match (file, plan.kept(&seen, &recorded)) {
+        (Some(file), Some(kept)) => (file, kept, plan.frames),
+        (file, _) => {
+            let state = recorded.log.state;
+            let (file, record) =
+                replace_log(db, file, path.as_deref(), state, &plan, &recovered, how)?;
+            (file, record, Vec::new())
         }
-    };
-    let c = recorded.log.checkpoint;
-    let frames = if accepted.is_some() {
-        seen.every_frame_above(c)
-    } else {
-        seen.run_above(c)
-    };
-    let checkpoint = match &accepted {
-        // Sequence numbers go on above every frame either file has seen.
-        Some(_) => c.max(seen.newest_seq()),
-        None => frames.last().map_or(c, |f| f.seq),
-    };
-    let state = recorded.log.state;
-    let keep = accepted.is_none()
-        && state.is_some_and(|s| {
-            seen.header
-                == Header::Of {
-                    database_id: how.database_id,
-                    log_id: Some(s.id),
-                }
-                && seen.len >= s.len
-        });
-    // Tokens resume above the ceiling and above every token the log's intact frames show (a
-    // database file restored from a copy has an older ceiling; a format-4 log may have raised
-    // it); accepting a loss adds a margin for what the two files do not show.
-    let shown = token_bound(&seen).max(recorded.ceiling);
-    let next_token = match &accepted {
-        Some(_) => shown.saturating_add(LOSS_MARGIN),
-        None => shown,
-    };
-    let token_ceiling = next_token.saturating_add(how.token_block);
-    let ceiling = |meta: &mut MetaTable<'_>| -> Result<(), Error> {
-        meta.insert(NEXT_TOKEN_KEY, &token_ceiling.to_le_bytes()[..])?;
-        Ok(())
-    };
-    let mut recovered = Recovered {
-        frames: frames.len() as u64,
-        accepted: accepted.clone(),
-        losses: recorded.losses,
-        last_loss: recorded.last_loss.clone(),
-        next_token,
-        token_ceiling,
-    };
-    if let Some(problem) = &accepted {
-        recovered.losses += 1;
-        recovered.last_loss = Some(LogLoss {
-            at_ms: how.now_ms,
-            what: format!("the write-ahead log {problem}"),
-        });
-    }
-
-    let (file, record, replay) = if keep {
-        let (Some(file), Some(s)) = (file, state) else {
-            return Err(Error::Internal("a kept log has no file".into()));
-        };
-        let record = LogState {
-            len: seen.len,
-            in_use: true,
-            ..s
-        };
-        let cycle = match seen.cycle {
-            Some(Cycle::After(h)) => Some(h),
-            _ => None,
-        };
-        (file, (record, cycle), frames)
-    } else {
-        // The log is replaced: first everything it holds that the file lacks becomes durable
-        // in redb, and the database stops relying on it (a crash after this commit opens
-        // cleanly).
-        if !frames.is_empty() || accepted.is_some() || state.is_some_and(|s| s.in_use) {
-            commit(db, &frames, checkpoint, how, |meta| {
-                if let Some(s) = state {
-                    LogState { in_use: false, ..s }.write(meta)?;
-                }
-                if let (Some(loss), Some(_)) = (&recovered.last_loss, &accepted) {
-                    ceiling(meta)?;
-                    record_loss(meta, loss.at_ms, &loss.what)?;
-                }
-                Ok(())
-            })?;
-        }
-        let file = match file {
-            Some(file) => file,
-            None => create_file(path.as_deref())?,
-        };
-        let id = random_id()?;
-        let len = create(&*file, (how.database_id, id), checkpoint, how.log_step)
-            .map_err(|e| log_io(path.as_deref(), "create", e))?;
-        let record = LogState {
-            id,
-            len,
-            since: checkpoint,
-            in_use: true,
-        };
-        (file, (record, Some(checkpoint)), Vec::new())
     };
     // Every open ends with a durable commit that records the log (a new one only once it is
     // durable: the database never names a log that a crash could take back), and raises the
     // token ceiling a block above where tokens resume, so that the first batches need no
     // durable commit of their own.
-    commit(db, &replay, checkpoint, how, |meta| {
+    commit(db, &replay, plan.checkpoint, how, |meta| {
         record.0.write(meta)?;
-        ceiling(meta)
+        write_ceiling(meta, plan.token_ceiling)
     })?;
     // The cycle sector says `checkpoint` before any frame follows it.
     let log = Log::opened(
@@ -202,10 +105,176 @@ pub(crate) fn open_log(
         path,
         how.database_id,
         record,
-        checkpoint,
+        plan.checkpoint,
         how.log_step,
     )?;
     Ok((log, recovered))
+}
+
+/// The log's file, if there is one, and what it holds.
+fn read_log(
+    file: LogFile,
+    path: Option<&Path>,
+    database_id: u64,
+    recorded: &Known,
+) -> Result<(Option<Box<dyn StorageBackend>>, Seen), Error> {
+    Ok(match file {
+        LogFile::Open { file, .. } => {
+            let bytes = read_all(&*file).map_err(|e| log_io(path, "read", e))?;
+            let seen = Seen::read(Some(&bytes), database_id, recorded.log.state.map(|s| s.id));
+            (Some(file), seen)
+        }
+        LogFile::Absent { .. } => (None, Seen::read(None, database_id, None)),
+    })
+}
+
+/// The record of the log the open keeps or creates, and the checkpoint its cycle sector says
+/// (if it says one).
+type LogRecord = (LogState, Option<u64>);
+
+/// What recovery replays, where the log's sequence numbers resume, and where tokens do.
+struct Plan<'s> {
+    /// The frames to replay into redb: the run above the checkpoint, or with an accepted loss
+    /// every intact frame above it.
+    frames: Vec<&'s Frame>,
+    /// The checkpoint the open's commit records.
+    checkpoint: u64,
+    /// The log stays (it is the one the file records, at its length, and nothing was lost).
+    keep: bool,
+    /// The first token to issue, and the ceiling the open makes durable a block above it.
+    next_token: u64,
+    token_ceiling: u64,
+}
+
+impl<'s> Plan<'s> {
+    fn new(seen: &'s Seen, recorded: &Known, loss: bool, how: &Opening<'_>) -> Plan<'s> {
+        let c = recorded.log.checkpoint;
+        let frames = if loss {
+            seen.every_frame_above(c)
+        } else {
+            seen.run_above(c)
+        };
+        let checkpoint = if loss {
+            // Sequence numbers go on above every frame either file has seen.
+            c.max(seen.newest_seq())
+        } else {
+            frames.last().map_or(c, |f| f.seq)
+        };
+        let keep = !loss
+            && recorded.log.state.is_some_and(|s| {
+                seen.header
+                    == Header::Of {
+                        database_id: how.database_id,
+                        log_id: Some(s.id),
+                    }
+                    && seen.len >= s.len
+            });
+        // Tokens resume above the ceiling and above every token the log's intact frames show
+        // (a database file restored from a copy has an older ceiling; a format-4 log may have
+        // raised it); accepting a loss adds a margin for what the two files do not show.
+        let shown = token_bound(seen).max(recorded.ceiling);
+        let next_token = if loss {
+            shown.saturating_add(LOSS_MARGIN)
+        } else {
+            shown
+        };
+        Plan {
+            frames,
+            checkpoint,
+            keep,
+            next_token,
+            token_ceiling: next_token.saturating_add(how.token_block),
+        }
+    }
+
+    /// What recovery tells the handle, with the loss it accepted noted.
+    fn recovered(
+        &self,
+        recorded: &Known,
+        accepted: Option<LogProblem>,
+        how: &Opening<'_>,
+    ) -> Recovered {
+        let mut recovered = Recovered {
+            frames: self.frames.len() as u64,
+            accepted,
+            losses: recorded.losses,
+            last_loss: recorded.last_loss.clone(),
+            next_token: self.next_token,
+            token_ceiling: self.token_ceiling,
+        };
+        if let Some(problem) = &recovered.accepted {
+            recovered.losses += 1;
+            recovered.last_loss = Some(LogLoss {
+                at_ms: how.now_ms,
+                what: format!("the write-ahead log {problem}"),
+            });
+        }
+        recovered
+    }
+
+    /// The record of a log that stays, and its cycle sector's checkpoint if the sector said
+    /// one; `None` when the log is replaced.
+    fn kept(&self, seen: &Seen, recorded: &Known) -> Option<LogRecord> {
+        let state = recorded.log.state.filter(|_| self.keep)?;
+        let record = LogState {
+            len: seen.len,
+            in_use: true,
+            ..state
+        };
+        let cycle = match seen.cycle {
+            Some(Cycle::After(h)) => Some(h),
+            _ => None,
+        };
+        Some((record, cycle))
+    }
+}
+
+/// Replaces the log: first everything it holds that the file lacks becomes durable in redb,
+/// and the database stops relying on it (a crash after this commit opens cleanly); then a
+/// fresh log is created in its place. `state` is the record of the log replaced, if the file
+/// has one. Returns the file and the new log's record.
+fn replace_log(
+    db: &Database,
+    file: Option<Box<dyn StorageBackend>>,
+    path: Option<&Path>,
+    state: Option<LogState>,
+    plan: &Plan<'_>,
+    recovered: &Recovered,
+    how: &Opening<'_>,
+) -> Result<(Box<dyn StorageBackend>, LogRecord), Error> {
+    let accepted = recovered.accepted.is_some();
+    if !plan.frames.is_empty() || accepted || state.is_some_and(|s| s.in_use) {
+        commit(db, &plan.frames, plan.checkpoint, how, |meta| {
+            if let Some(s) = state {
+                LogState { in_use: false, ..s }.write(meta)?;
+            }
+            if let (Some(loss), true) = (&recovered.last_loss, accepted) {
+                write_ceiling(meta, plan.token_ceiling)?;
+                record_loss(meta, loss.at_ms, &loss.what)?;
+            }
+            Ok(())
+        })?;
+    }
+    let file = match file {
+        Some(file) => file,
+        None => create_file(path)?,
+    };
+    let id = random_id()?;
+    let len = create(&*file, (how.database_id, id), plan.checkpoint, how.log_step)
+        .map_err(|e| log_io(path, "create", e))?;
+    let record = LogState {
+        id,
+        len,
+        since: plan.checkpoint,
+        in_use: true,
+    };
+    Ok((file, (record, Some(plan.checkpoint))))
+}
+
+/// The token ceiling in meta.
+fn write_ceiling(meta: &mut MetaTable<'_>, ceiling: u64) -> Result<(), Error> {
+    meta.insert(NEXT_TOKEN_KEY, &ceiling.to_le_bytes()[..])?;
+    Ok(())
 }
 
 /// Creates the log file at `path` (it did not exist), and makes its name durable.

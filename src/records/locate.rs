@@ -11,13 +11,13 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::overlay::Slot;
 use crate::record::Record;
-use crate::retention::Rules;
-use crate::retention::horizon::{HORIZON, Horizon, decode_tags, row_until};
-use crate::retention::key_index::KeyIndex;
-use crate::retention::partition::{Catalog, Partition, Partitions, partition_tables};
-use crate::scope::RecordKey;
+use crate::records::horizon::{HORIZON, Horizon, decode_tags, row_until};
+use crate::records::key_index::KeyIndex;
+use crate::records::overlay::Slot;
+use crate::records::partition::{Catalog, Partition, Partitions, partition_tables};
+use idemdb_core::retention::Rules;
+use idemdb_core::scope::RecordKey;
 
 /// Retention state shared by the writer, the snapshots and the compactor.
 pub(crate) struct Layout {

@@ -12,14 +12,14 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
-use crate::clock::Clock;
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::retention::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
-use crate::retention::partition::Partition;
-use crate::scope::RecordKey;
+use crate::records::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
+use crate::records::partition::Partition;
 use crate::stats::Counter;
 use crate::writer::Writer;
+use idemdb_core::clock::Clock;
+use idemdb_core::scope::RecordKey;
 
 /// What one compaction pass removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -157,7 +157,7 @@ fn drop_partitions(
 /// The record count of a partition table and its keys' index hashes.
 fn read_keys(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    index: &crate::retention::key_index::KeyIndex,
+    index: &crate::records::key_index::KeyIndex,
 ) -> Result<Keys, Error> {
     let mut hashes = Vec::new();
     for entry in table.iter()? {

@@ -20,8 +20,8 @@ use std::collections::{HashMap, VecDeque};
 use parking_lot::RwLock;
 
 use crate::record::Record;
-use crate::scope::RecordKey;
-use crate::state::RecordState;
+use idemdb_core::scope::RecordKey;
+use idemdb_core::state::RecordState;
 
 const SHARDS: usize = 64;
 /// What an entry costs beside its key and response: the record's fixed fields, the map slot
@@ -206,8 +206,8 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::scope::{Key, Scope};
+    use idemdb_core::fingerprint::Fingerprint;
+    use idemdb_core::scope::{Key, Scope};
 
     fn key(i: u32) -> RecordKey {
         RecordKey::encode(
@@ -226,7 +226,7 @@ mod tests {
         Record {
             state,
             fingerprint: Fingerprint::from_u128(1),
-            token: crate::fencing::FencingToken::new(7).unwrap(),
+            token: idemdb_core::fencing::FencingToken::new(7).unwrap(),
             lease_expires_at: 10,
             created_at: 1,
             updated_at: 2,

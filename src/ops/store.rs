@@ -9,13 +9,13 @@ use idemdb_core::{BlockingStore, Store};
 use crate::config::Limits;
 use crate::db::IdemDb;
 use crate::error::Error;
-use crate::fingerprint::{Fingerprint, Payload};
-use crate::outcome::ReserveOutcome;
 use crate::record::Record;
-use crate::retention::Retention;
-use crate::scope::{Key, Scope};
 use crate::timer::Sleep;
-use crate::token::Reservation;
+use idemdb_core::fingerprint::{Fingerprint, Payload};
+use idemdb_core::outcome::ReserveOutcome;
+use idemdb_core::retention::Retention;
+use idemdb_core::scope::{Key, Scope};
+use idemdb_core::token::Reservation;
 
 impl Store for IdemDb {
     type Error = Error;
@@ -112,7 +112,7 @@ impl Store for IdemDb {
                 (r, result)
             };
             let sleep = |d| Sleep::until(timer, Instant::now() + d);
-            crate::renewal::renew(reservation, lease, extend, sleep).await
+            idemdb_core::renewal::renew(reservation, lease, extend, sleep).await
         }
     }
 }

@@ -19,7 +19,7 @@ use std::hash::{BuildHasher, Hasher};
 
 use parking_lot::RwLock;
 
-use crate::retention::partition::PartitionId;
+use crate::records::partition::PartitionId;
 
 const SHARDS: usize = 64;
 

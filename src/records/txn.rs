@@ -11,16 +11,16 @@ use redb::{ReadableTable, Table, TableHandle, WriteTransaction};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::overlay::{Slot, Written};
 use crate::record::{Record, RecordState};
-use crate::retention::horizon::tag;
-use crate::retention::locate::{
+use crate::records::horizon::tag;
+use crate::records::locate::{
     Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in, inflight_in,
 };
-use crate::retention::partition::{Partition, PartitionId, PartitionName};
-use crate::scope::RecordKey;
-use crate::snapshot::Snapshots;
+use crate::records::overlay::{Slot, Written};
+use crate::records::partition::{Partition, PartitionId, PartitionName};
+use crate::records::snapshot::Snapshots;
 use crate::wal::Effect;
+use idemdb_core::scope::RecordKey;
 
 type Table2<'t> = Table<'t, &'static [u8], &'static [u8]>;
 

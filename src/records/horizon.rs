@@ -17,7 +17,7 @@ use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::retention::partition::PartitionName;
+use crate::records::partition::PartitionName;
 
 pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
 

@@ -1,0 +1,24 @@
+//! The record store: where records live and how a key is found, below the writer. The
+//! in-flight table holds IN_PROGRESS records; finished ones live in time partitions, which
+//! the compactor (compactor.rs, above the writer) drops whole. Retention's settings and
+//! formulas (expiry, horizons) are idemdb-core's `Retention` and `Rules`, shared with
+//! PostgreSQL; the windows are here.
+//!
+//! From the bottom up:
+//! - partition.rs: partition names, a record's window, and the catalog;
+//! - key_index.rs: which partitions may hold a key;
+//! - horizon.rs: recognised keys of removed records, and their rows on disk;
+//! - locate.rs: the layout loaded at open, and the lookup of a key;
+//! - overlay.rs: record writes durable in the log and not yet in redb;
+//! - snapshot.rs: the shared read snapshot, read under the overlay;
+//! - replay_cache.rs: finished records kept in memory for replays;
+//! - txn.rs: the record store of one write transaction (find, store, remove).
+
+pub(crate) mod horizon;
+pub(crate) mod key_index;
+pub(crate) mod locate;
+pub(crate) mod overlay;
+pub(crate) mod partition;
+pub(crate) mod replay_cache;
+pub(crate) mod snapshot;
+pub(crate) mod txn;
