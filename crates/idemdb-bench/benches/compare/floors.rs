@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engines::{Engine, Session};
+use crate::interface::{Engine, Session};
 use crate::shared::floor::{FLOOR_BLOCKS, FsyncFloor};
 
 pub struct Floors {

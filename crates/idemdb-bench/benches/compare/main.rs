@@ -34,12 +34,16 @@
 
 mod engines;
 mod floors;
+mod idem;
+mod interface;
+mod naive;
 mod pool;
 mod postgres;
 mod redis;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;
+mod sqlite;
 mod tasks;
 
 use std::path::Path;
@@ -50,11 +54,13 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tempfile::TempDir;
 
-use engines::{Engine, Kind, Lineup, SQLITE_BUSY_RETRIES, Session};
+use engines::{Kind, Lineup};
+use interface::{Engine, Session};
 use pool::{Callers, Load, Pool, Work};
 use shared::floor::FsyncFloor;
 use shared::keys::{Rng, fresh_id};
 use shared::timed_loop;
+use sqlite::SQLITE_BUSY_RETRIES;
 use tasks::{TaskEngine, Tasks};
 
 /// Completed records preloaded for the replay cells.

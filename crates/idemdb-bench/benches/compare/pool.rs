@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::engines::Engine;
+use crate::interface::Engine;
 use crate::shared::callers::{Done, gather};
 use crate::shared::cpu;
 use crate::shared::keys::{Rng, fresh_id};

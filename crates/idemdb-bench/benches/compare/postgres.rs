@@ -21,7 +21,7 @@ use idemdb_postgres::tokio_postgres::{self, NoTls};
 use idemdb_testkit::postgres::{ENV_URL, TestServer};
 use tokio::runtime::Runtime;
 
-use crate::engines::{Engine, Session};
+use crate::interface::{Engine, Session};
 use crate::shared::cpu;
 use crate::shared::keys::{RESPONSE, key_bytes};
 use crate::shared::pg_table::{Conn, Reserved};

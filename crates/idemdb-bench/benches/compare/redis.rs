@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::engines::{Engine, Session, scoped_key};
+use crate::interface::{Engine, Session, scoped_key};
 use crate::shared::keys::{PAYLOAD, RESPONSE};
 
 /// The environment variable naming the `redis-server` binary; a path that is not a file leaves

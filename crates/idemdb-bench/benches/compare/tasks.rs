@@ -13,7 +13,8 @@ use idemdb::IdemDb;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinSet;
 
-use crate::engines::{IdemTask, Kind, open_idemdb};
+use crate::engines::Kind;
+use crate::idem::{IdemTask, open_idemdb};
 use crate::pool::{Callers, Command, Runs, Spent};
 use crate::postgres::{PgTask, Postgres};
 use crate::redis::{Redis, RedisTask};
@@ -57,7 +58,7 @@ impl TaskEngine {
         }
     }
 
-    /// As [`Engine::commits`](crate::engines::Engine::commits).
+    /// As [`Engine::commits`](crate::interface::Engine::commits).
     fn commits(&self) -> Option<u64> {
         match self {
             TaskEngine::Idem(db) => Some(db.stats().commits),
@@ -65,9 +66,9 @@ impl TaskEngine {
         }
     }
 
-    /// As [`Engine::server_pids`](crate::engines::Engine::server_pids).
+    /// As [`Engine::server_pids`](crate::interface::Engine::server_pids).
     fn server_pids(&self) -> Vec<u32> {
-        use crate::engines::Engine as _;
+        use crate::interface::Engine as _;
         match self {
             TaskEngine::Idem(_) => Vec::new(),
             TaskEngine::Redis(redis) => redis.server_pids(),

@@ -28,6 +28,7 @@
 //! checks, and nothing is written.
 
 mod callers;
+mod dist;
 mod report;
 #[path = "../shared/mod.rs"]
 mod shared;

@@ -8,23 +8,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use crate::dist::Dist;
 use crate::shared::report::{estimate, fmt_val, quantile, table_row, write_machine};
 use crate::stall::{CALLERS, StallResult};
 use crate::subject::Kind;
-
-/// Distribution of durations, in ns (sorted).
-pub struct Dist(pub Vec<u64>);
-
-impl Dist {
-    pub fn new(mut v: Vec<u64>) -> Dist {
-        v.sort_unstable();
-        Dist(v)
-    }
-
-    pub fn q(&self, q: f64) -> Option<f64> {
-        quantile(&self.0, q)
-    }
-}
 
 /// `"<cell>/<kind>/<name>"` → value, for what criterion does not measure.
 static SIDE: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
@@ -184,7 +171,7 @@ impl Summary {
     /// The drop-stall rows: `[PostgreSQL, embedded]`.
     pub fn stall_rows(&mut self, r: &[StallResult; 2]) {
         let c = "drop_stall";
-        let us = |d: &crate::report::Dist, q: f64| d.q(q).map(|v| v / 1e3);
+        let us = |d: &Dist, q: f64| d.q(q).map(|v| v / 1e3);
         let both = |f: &dyn Fn(&StallResult) -> Option<f64>| [f(&r[0]), None, f(&r[1])];
         self.plain(
             c,

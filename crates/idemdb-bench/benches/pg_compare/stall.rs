@@ -16,7 +16,7 @@ use idemdb::{ManualClock, Retention, Scope};
 use tokio::runtime::Handle;
 
 use crate::callers::{LoadRun, run_load};
-use crate::report::Dist;
+use crate::dist::Dist;
 use crate::shared::keys::{OPERATION, PRINCIPAL};
 use crate::subject::{Compacted, Kind, Opened, Subject, parallel};
 

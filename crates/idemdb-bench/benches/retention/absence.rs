@@ -9,10 +9,10 @@ use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
 
 use crate::fill::{aligned_start, fill_idemdb, open_idemdb};
 use crate::report::Report;
+use crate::settings::{ABSENT_TTL, INTERLEAVED_ROUNDS, LEASE, Sizes, WIDTH};
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, Rng, key_bytes};
 use crate::shared::nanos;
 use crate::shared::report::estimate;
-use crate::{ABSENT_TTL, INTERLEAVED_ROUNDS, LEASE, Sizes, WIDTH};
 
 /// `get` of a key never stored: must prove it absent.
 fn get_absent(db: &IdemDb, scope: &Scope, id: u64) {

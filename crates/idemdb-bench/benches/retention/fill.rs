@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
 
+use crate::settings::{DROP_TTL, HOUR_MS, LEASE, LOAD_OPERATION, LOAD_TTL, THREADS, WIDTH};
 use crate::shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
-use crate::{DROP_TTL, HOUR_MS, LEASE, LOAD_OPERATION, LOAD_TTL, THREADS, WIDTH};
 
 /// The baselines' stored key, encoded as idemdb encodes its record keys (length-prefixed
 /// operation and principal, then the key): 62 bytes for `OPERATION`.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::THREADS;
+use crate::settings::THREADS;
 use crate::shared::callers::load_caller;
 
 /// One expiry step run beside a load: its start (ns since the load began), duration, and the

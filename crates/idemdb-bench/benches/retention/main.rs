@@ -30,12 +30,14 @@
 //! with sanity checks, and nothing is written.
 
 mod absence;
+mod baseline;
 mod drop;
 mod fill;
 mod load;
 mod naive;
 mod open;
 mod report;
+mod settings;
 #[path = "../shared/mod.rs"]
 mod shared;
 mod space;
@@ -45,62 +47,8 @@ mod stall;
 use std::time::{Duration, Instant};
 
 use report::Report;
+use settings::{FULL, TINY};
 use shared::report::target_dir;
-
-/// The operation of the load beside the compactor: a long TTL of its own, so that only the
-/// prefilled partitions expire while the clock moves.
-const LOAD_OPERATION: &str = "POST /load";
-
-const HOUR_MS: u64 = 3_600_000;
-/// Partition width of every store.
-const WIDTH: Duration = Duration::from_secs(3600);
-/// TTL of the drop store: 48 h, so that after a 48-window fill no partition is due yet and
-/// each can be made due, and dropped, on its own.
-const DROP_TTL: Duration = Duration::from_secs(48 * 3600);
-/// TTL of the absence stores: longer than 168 windows, so that nothing expires there.
-const ABSENT_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
-/// TTL and lease of the load's records: the clock moves by days during the stall test.
-const LOAD_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
-const LOAD_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
-const LEASE: Duration = Duration::from_secs(60);
-/// Caller threads of the fills and of the load.
-const THREADS: usize = 64;
-/// Opens of the filled file per setting.
-const OPEN_REPEATS: usize = 3;
-/// Rounds of the interleaved absence cross-check.
-const INTERLEAVED_ROUNDS: usize = 30;
-
-/// Sizes of one run.
-struct Sizes {
-    /// Records of the drop store (and of each baseline).
-    drop_records: u64,
-    drop_partitions: u64,
-    /// Keys per durable transaction of the baselines' sweeps.
-    chunk: usize,
-    /// Duration of each load phase.
-    load: Duration,
-    absent_records: u64,
-    absent_partitions: [u64; 3],
-}
-
-const FULL: Sizes = Sizes {
-    drop_records: 1_000_000,
-    drop_partitions: 48,
-    chunk: 10_000,
-    load: Duration::from_secs(8),
-    absent_records: 200_000,
-    absent_partitions: [1, 48, 168],
-};
-
-/// Criterion's test mode: every path once, in a few seconds.
-const TINY: Sizes = Sizes {
-    drop_records: 2_000,
-    drop_partitions: 4,
-    chunk: 500,
-    load: Duration::from_secs(1),
-    absent_records: 2_000,
-    absent_partitions: [1, 4, 8],
-};
 
 fn main() {
     let test_mode = shared::is_test_mode();

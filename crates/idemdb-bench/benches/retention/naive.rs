@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use idemdb::redb::{self, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
-use crate::drop::BaselineDrop;
+use crate::baseline::BaselineDrop;
 use crate::fill::{aligned_start, stored_key, window_ids};
+use crate::settings::{DROP_TTL, HOUR_MS, LOAD_OPERATION, LOAD_TTL, Sizes};
 use crate::shared::keys::{OPERATION, PAYLOAD, RESPONSE};
 use crate::shared::nanos;
 use crate::space::{file_size, redb_allocated};
-use crate::{DROP_TTL, HOUR_MS, LOAD_OPERATION, LOAD_TTL, Sizes};
 
 const NAIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem");
 /// Offset of `expires_at` in a naive value.

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use idemdb::{IdemDb, ManualClock, redb};
 
-use crate::OPEN_REPEATS;
 use crate::fill::{drop_retention, open_idemdb};
 use crate::report::Report;
+use crate::settings::OPEN_REPEATS;
 
 /// Medians over `OPEN_REPEATS` opens, index 0 with page verification, 1 without.
 pub struct OpenTimes {

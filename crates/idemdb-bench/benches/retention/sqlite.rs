@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use rusqlite::{Connection, params};
 
-use crate::drop::BaselineDrop;
+use crate::baseline::BaselineDrop;
 use crate::fill::{aligned_start, stored_key, window_ids};
+use crate::settings::{DROP_TTL, HOUR_MS, Sizes};
 use crate::shared::keys::{OPERATION, PAYLOAD, RESPONSE};
 use crate::shared::{nanos, sqlite_wal_full};
 use crate::space::file_size;
-use crate::{DROP_TTL, HOUR_MS, Sizes};
 
 fn connect(path: &Path) -> Connection {
     let conn = sqlite_wal_full(path, None);

@@ -9,10 +9,11 @@ use idemdb::{Key, ReserveOutcome, Scope, redb};
 use crate::drop::DropStore;
 use crate::fill::{aligned_start, window_ids};
 use crate::load::{LoadRun, Step, no_side, run_load, schedule, sleep_until};
+use crate::naive;
 use crate::report::{Cmp, Dist, Report, ms};
+use crate::settings::{DROP_TTL, HOUR_MS, LOAD_LEASE, LOAD_OPERATION, Sizes};
 use crate::shared::keys::{PAYLOAD, PRINCIPAL, RESPONSE, key_bytes};
 use crate::shared::nanos;
-use crate::{DROP_TTL, HOUR_MS, LOAD_LEASE, LOAD_OPERATION, Sizes, naive};
 
 /// Reserve latencies of a load run, and the steps beside it.
 struct StallResult {

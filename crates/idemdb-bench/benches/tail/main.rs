@@ -25,6 +25,7 @@
 //! --benches` runs each benchmark once and writes the same report from those few calls.
 
 mod report;
+mod run;
 #[path = "../shared/mod.rs"]
 mod shared;
 
@@ -35,64 +36,17 @@ use criterion::{BenchmarkGroup, SamplingMode, Throughput, measurement::WallTime}
 use idemdb::{IdemDb, Key, ReserveOutcome, Retention, Scope, Stats};
 use tempfile::TempDir;
 
+use run::{Run, Setup, Workload};
 use shared::floor::FsyncFloor;
 use shared::keys::{OPERATION, PAYLOAD, PRINCIPAL, RESPONSE, fresh_id, key_bytes};
 use shared::timed_loop;
 
 /// The floor needs only a stable median.
 const FLOOR_TIME: Duration = Duration::from_secs(10);
-/// The run issue 24's target names.
-const RUN_TIME: Duration = Duration::from_secs(60);
 /// Criterion's samples per benchmark.
 const SAMPLES: u32 = 10;
 /// Every reservation's lease, as in `compare`.
 const LEASE: Duration = Duration::from_secs(30);
-
-/// What the command line's environment changes: the run's length (`IDEMDB_BENCH_TAIL_SECS`,
-/// default 60) and the stores' partition width (`IDEMDB_BENCH_TAIL_WIDTH_MS`, default the
-/// store's own), to see how the tail moves as the current partition grows.
-#[derive(Debug, Clone, Copy)]
-pub struct Setup {
-    pub run_time: Duration,
-    pub width: Option<Duration>,
-}
-
-impl Setup {
-    fn from_env() -> Setup {
-        let number = |var: &str| {
-            let value = std::env::var(var).ok()?;
-            match value.parse::<u64>() {
-                Ok(n) if n > 0 => Some(n),
-                _ => panic!("{var}={value:?}: expected a whole number above 0"),
-            }
-        };
-        Setup {
-            run_time: number("IDEMDB_BENCH_TAIL_SECS").map_or(RUN_TIME, Duration::from_secs),
-            width: number("IDEMDB_BENCH_TAIL_WIDTH_MS").map(Duration::from_millis),
-        }
-    }
-}
-
-/// What one idemdb benchmark measured.
-pub struct Run {
-    pub workload: Workload,
-    /// Every reserve's latency, in ns.
-    pub reserves: Vec<u64>,
-    /// Every complete's latency, in ns (none for [`Workload::Reserves`]).
-    pub completes: Vec<u64>,
-    /// The store's stats after open, before the first reserve.
-    pub before: Stats,
-    /// Its stats after the last call, before close (whose checkpoint is not counted).
-    pub after: Stats,
-    /// From the store's open to the last call's end (criterion's work between samples
-    /// included).
-    pub wall: Duration,
-    /// From the first sample's start to the last one's end.
-    pub measured: Duration,
-    /// Iterations criterion asked for in its samples, and calls the time slices ran.
-    pub planned: u64,
-    pub ran: u64,
-}
 
 fn main() {
     let test_mode = shared::is_test_mode();
@@ -140,28 +94,6 @@ fn fsync_floor(g: &mut BenchmarkGroup<'_, WallTime>, root: &Path) -> Vec<u64> {
     latencies
 }
 
-/// What one caller does with each fresh key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workload {
-    /// Reserve, then complete: the in-flight table holds only the one reservation in flight,
-    /// and the finished records go to the current time partition, as in service.
-    Lifecycles,
-    /// Reserve and never complete: every reservation stays in the in-flight table, which grows
-    /// by each one (about 600,000 in 60 s), so each checkpoint rewrites most of its leaves.
-    /// The stress case: no service leaves every reservation open.
-    Reserves,
-}
-
-impl Workload {
-    /// The benchmark's name.
-    pub fn bench(self) -> &'static str {
-        match self {
-            Workload::Lifecycles => "idemdb_lifecycle_1",
-            Workload::Reserves => "idemdb_reserve_1",
-        }
-    }
-}
-
 /// One caller's calls on fresh keys on a fresh store, each reserve (and complete) timed on its
 /// own; `None` if filtered out.
 ///
@@ -169,7 +101,7 @@ impl Workload {
 /// the 1 s warm-up, on a store far smaller than 60 s of calls leave, and a loaded disk
 /// makes the warm-up unlike the rest (one run planned 60 s and took 207 s, another took
 /// 48 s). So the warm-up's calls (1, 2, 4, … iterations) run as asked, and the k-th sample
-/// runs until k tenths of the run's time ([`RUN_TIME`] unless [`Setup`] says) have passed
+/// runs until k tenths of the run's time ([`run::RUN_TIME`] unless [`Setup`] says) have passed
 /// since the first sample began, however many calls that is; criterion is given the sample's
 /// mean per call times the iterations it asked for. An iteration is one reserve, or one
 /// reserve and its complete.

@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 use idemdb::{HISTOGRAM_BUCKETS, Histogram};
 use serde_json::{Value, json};
 
+use crate::run::{Run, Setup, Workload};
 use crate::shared::report::{
     fmt_val, machine, quantile, table_row, target_dir, write_machine, write_targets,
 };
-use crate::{Run, Setup, Workload};
 
 /// Issue 24: reserve p99.9 ≤ this many floor medians.
 const TARGET_RATIO: f64 = 5.0;
