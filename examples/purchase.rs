@@ -4,6 +4,7 @@
 //!
 //! Run: `cargo run --release --example purchase`
 
+use idemdb::Refusal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -109,7 +110,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fresh.is_takeover()
     );
     match db.complete(&stale, b"late".to_vec()) {
-        Err(e @ Error::Fenced { .. }) => println!("owner A's late completion: {e}"),
+        Err(e @ Error::Refused(Refusal::Fenced { .. })) => {
+            println!("owner A's late completion: {e}")
+        }
         other => return Err(format!("stale owner was not fenced: {other:?}").into()),
     }
     db.complete(&fresh, b"renewed".to_vec())?;

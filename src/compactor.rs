@@ -46,7 +46,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
     let engine = &*writer.engine;
     let _one_at_a_time = engine.compaction.lock();
     if engine.is_poisoned() {
-        return Err(engine.refusal());
+        return Err(engine.poisoned_error());
     }
     // Its reads outside the writer look at redb itself: with every acknowledged record in it.
     writer.settle()?;

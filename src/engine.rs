@@ -83,7 +83,7 @@ impl Engine {
     }
 
     /// The error a write gets once the engine is poisoned.
-    pub(crate) fn refusal(&self) -> Error {
+    pub(crate) fn poisoned_error(&self) -> Error {
         match &*self.poison_reason.lock() {
             Some(why) => Error::Poisoned(why.clone()),
             None => Error::WritesRefused,

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::log_problem::LogProblem;
-use idemdb_core::fencing::FencingToken;
-use idemdb_core::state::RecordState;
 pub use idemdb_core::{InputError, Refusal, StoreError};
 
 /// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
@@ -17,28 +15,11 @@ pub use idemdb_core::{InputError, Refusal, StoreError};
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
-    /// Input was refused before anything was written.
-    InvalidInput(InputError),
-    /// The presented token is stale: the record was taken over by a newer owner, or released
-    /// and reserved again. Nothing changed.
-    Fenced {
-        /// The token presented.
-        presented: FencingToken,
-        /// The token the record holds now.
-        current: FencingToken,
-    },
-    /// No live record exists for the reservation: it was released, or it expired (its lease
-    /// ended more than a TTL ago). Nothing changed.
-    UnknownRecord,
-    /// The record is not IN_PROGRESS any more (already completed or failed by this token).
-    /// Nothing changed.
-    NotInProgress {
-        /// The record's state.
-        state: RecordState,
-    },
-    /// The reservation was issued by another database: a caller mixed up two open databases.
-    /// Nothing changed.
-    ForeignReservation,
+    /// The protocol refused the call, and nothing changed: invalid input, a stale fencing
+    /// token, no live record for the reservation, a record no longer in progress, or a
+    /// reservation of another database. The same [`Refusal`] as every store's
+    /// ([`StoreError::refusal`]).
+    Refused(Refusal),
     /// The file is a redb database but not an idemdb one (or not a database at all).
     NotIdemdb(String),
     /// The file was written by a newer idemdb with a format this version cannot read.
@@ -79,12 +60,8 @@ pub enum Error {
         source: Arc<std::io::Error>,
     },
     /// A commit failed with an I/O error: the batch's changes may or may not be durable. A
-    /// holder of a reservation from that batch may or may not hold it. Reopen, then read.
-    ///
-    /// Over PostgreSQL: the connection was lost while the commit (or a single-statement
-    /// write) may have reached the server. Read the record to learn which; the store goes on.
-    ///
-    /// Its text says which, and what to do.
+    /// holder of a reservation from that batch may or may not hold it. Reopen, then read the
+    /// record. Its text says what failed, and what to do.
     OutcomeUnknown(Arc<dyn std::error::Error + Send + Sync>),
     /// An earlier commit failed; writes are refused until the database is reopened.
     WritesRefused,
@@ -107,14 +84,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidInput(_)
-            | Error::Fenced { .. }
-            | Error::UnknownRecord
-            | Error::NotInProgress { .. }
-            | Error::ForeignReservation => match self.refusal() {
-                Some(refusal) => write!(f, "{refusal}"),
-                None => Ok(()),
-            },
+            Error::Refused(refusal) => write!(f, "{refusal}"),
             Error::NotIdemdb(why) => write!(f, "not an idemdb database: {why}"),
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
@@ -182,21 +152,6 @@ impl std::error::Error for Error {
 }
 
 impl Error {
-    /// The protocol's refusal this is, if it is one.
-    pub(crate) fn refusal(&self) -> Option<Refusal> {
-        Some(match self {
-            Error::InvalidInput(e) => Refusal::InvalidInput(e.clone()),
-            Error::Fenced { presented, current } => Refusal::Fenced {
-                presented: *presented,
-                current: *current,
-            },
-            Error::UnknownRecord => Refusal::UnknownRecord,
-            Error::NotInProgress { state } => Refusal::NotInProgress { state: *state },
-            Error::ForeignReservation => Refusal::ForeignReservation,
-            _ => return None,
-        })
-    }
-
     /// Whether the operation may have taken effect even though it returned this error: a
     /// failed commit, or an engine panic during one. Reopen, then read the record.
     pub fn is_outcome_unknown(&self) -> bool {
@@ -279,8 +234,11 @@ impl From<ExecuteError<Error>> for Error {
 }
 
 impl StoreError for Error {
-    fn refusal(&self) -> Option<Refusal> {
-        Error::refusal(self)
+    fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Error::Refused(refusal) => Some(refusal),
+            _ => None,
+        }
     }
 
     fn is_outcome_unknown(&self) -> bool {
@@ -303,20 +261,13 @@ impl StoreError for Error {
 
 impl From<InputError> for Error {
     fn from(e: InputError) -> Self {
-        Error::InvalidInput(e)
+        Error::Refused(Refusal::InvalidInput(e))
     }
 }
 
 impl From<Refusal> for Error {
-    fn from(r: Refusal) -> Self {
-        match r {
-            Refusal::InvalidInput(e) => Error::InvalidInput(e),
-            Refusal::Fenced { presented, current } => Error::Fenced { presented, current },
-            Refusal::UnknownRecord => Error::UnknownRecord,
-            Refusal::NotInProgress { state } => Error::NotInProgress { state },
-            Refusal::ForeignReservation => Error::ForeignReservation,
-            other => Error::Internal(format!("a refusal this engine does not know: {other}")),
-        }
+    fn from(refusal: Refusal) -> Self {
+        Error::Refused(refusal)
     }
 }
 
@@ -338,6 +289,8 @@ mod tests {
         });
         assert!(!StoreError::is_transient(&fenced));
         assert!(matches!(fenced.refusal(), Some(Refusal::Fenced { .. })));
-        assert!(!StoreError::is_transient(&Error::UnknownRecord));
+        assert!(!StoreError::is_transient(&Error::Refused(
+            Refusal::UnknownRecord
+        )));
     }
 }

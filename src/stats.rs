@@ -30,7 +30,7 @@ pub struct Stats {
     pub mismatches: u64,
     /// Duplicates answered `InProgress` (409).
     pub in_progress: u64,
-    /// Owner calls refused with [`Error::Fenced`](crate::Error::Fenced).
+    /// Owner calls refused with [`Refusal::Fenced`](crate::Refusal::Fenced).
     pub fenced: u64,
     /// Records finished as COMPLETED or FAILED (by `complete`, `fail`, `*_with` or `execute`).
     pub finished: u64,

@@ -1,6 +1,7 @@
 //! The handle through which a caller's closure writes its own tables in the same commit as the
 //! dedupe record.
 
+use idemdb_core::error::Refusal;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -111,9 +112,11 @@ impl<'a> Tx<'a> {
 
 fn check_name(name: &str) -> Result<(), Error> {
     if name.starts_with(RESERVED_PREFIX) {
-        return Err(Error::InvalidInput(InputError::ReservedTableName {
-            name: name.to_string(),
-        }));
+        return Err(Error::Refused(Refusal::InvalidInput(
+            InputError::ReservedTableName {
+                name: name.to_string(),
+            },
+        )));
     }
     Ok(())
 }

@@ -31,6 +31,29 @@ impl IdemDb {
     /// not undone when the transaction rolls back (a closure error, a response over
     /// [`Limits::max_response_len`](crate::Limits::max_response_len), a failed commit). Use
     /// the two-step flow for outside side effects.
+    ///
+    /// ```
+    /// use idemdb::redb::{ReadableTable, TableDefinition};
+    /// use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, Scope};
+    ///
+    /// const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
+    /// # let dir = tempfile::tempdir()?;
+    /// // Registered, the table's writes ride in the record's log append.
+    /// let db = IdemDb::builder().table(ORDERS).open(dir.path().join("db"))?;
+    /// let place = |db: &IdemDb| {
+    ///     db.execute(&Scope::new("POST /orders", "user-7"), &Key::new("intent-1"), b"req", |tx| {
+    ///         tx.open_table(ORDERS)?.insert("o-1", 1999)?;
+    ///         Ok::<_, idemdb::Error>(Outcome::Completed(b"201 order o-1".to_vec()))
+    ///     })
+    /// };
+    /// let answer = Outcome::Completed(b"201 order o-1".to_vec());
+    /// assert_eq!(place(&db)?, ExecuteOutcome::Executed(answer));
+    /// // The retry gets the stored answer; the closure does not run again.
+    /// assert_eq!(place(&db)?, ExecuteOutcome::Completed(b"201 order o-1".to_vec()));
+    /// let read = db.begin_read()?;
+    /// assert_eq!(read.open_table(ORDERS)?.len()?, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn execute<'p, F, E>(
         &self,
         scope: &Scope,

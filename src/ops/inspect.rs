@@ -128,6 +128,24 @@ impl IdemDb {
 
     /// A read-only view of the record for `key` in `scope`, for operators and tests. Waits if
     /// the record's newest state is not durable yet.
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, RecordState, ReserveOutcome, Scope};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::open(dir.path().join("db"))?;
+    /// let (scope, key) = (Scope::new("POST /orders", "user-7"), Key::new("intent-1"));
+    /// assert!(db.get(&scope, &key)?.is_none());
+    /// let ReserveOutcome::Acquired(owner) = db.reserve(&scope, &key, b"req", Duration::from_secs(30))? else {
+    ///     panic!("a fresh key is acquired");
+    /// };
+    /// let record = db.get(&scope, &key)?.expect("reserved");
+    /// assert_eq!((record.state, record.token), (RecordState::InProgress, owner.token()));
+    /// db.complete(&owner, b"201".to_vec())?;
+    /// let record = db.get(&scope, &key)?.expect("completed");
+    /// assert_eq!((record.state, record.response), (RecordState::Completed, b"201".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         let record_key = RecordKey::encode(scope, key, self.limits())?;
         loop {

@@ -2,6 +2,7 @@
 //! `complete_with` / `fail_with` with business writes, sync and async. Each presents the
 //! reservation's token; the writer checks it against the record (docs/semantics.md §4).
 
+use idemdb_core::error::Refusal;
 use std::time::Duration;
 
 use super::{Call, capture, closure_failure, lease_ms, unexpected};
@@ -20,10 +21,38 @@ impl IdemDb {
     /// Finishes the reservation with success: the record becomes COMPLETED and `response` is
     /// replayed, byte for byte, to every duplicate.
     ///
-    /// Refused with [`Error::Fenced`] if the reservation was taken over,
-    /// [`Error::UnknownRecord`] if it was released or expired, [`Error::NotInProgress`] if it
-    /// was already finished, [`Error::ForeignReservation`] if another database issued it;
+    /// Refused with [`Refusal::Fenced`](crate::Refusal::Fenced) if the reservation was taken over,
+    /// [`Refusal::UnknownRecord`](crate::Refusal::UnknownRecord) if it was released or expired, [`Refusal::NotInProgress`](crate::Refusal::NotInProgress) if it
+    /// was already finished, [`Refusal::ForeignReservation`](crate::Refusal::ForeignReservation) if another database issued it;
     /// nothing changes then.
+    ///
+    /// ```
+    /// use idemdb::{Error, IdemDb, Key, ManualClock, Refusal, ReserveOutcome, Scope};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let db = IdemDb::builder().clock(clock.clone()).open(dir.path().join("db"))?;
+    /// let (scope, key) = (Scope::new("POST /orders", "user-7"), Key::new("intent-1"));
+    /// let lease = Duration::from_secs(5);
+    /// let ReserveOutcome::Acquired(first) = db.reserve(&scope, &key, b"req", lease)? else {
+    ///     panic!("a fresh key is acquired");
+    /// };
+    /// // The first owner stalls past its lease: a retry takes the intent over, with a higher
+    /// // fencing token, and completes it.
+    /// clock.advance(Duration::from_secs(10));
+    /// let ReserveOutcome::Acquired(second) = db.reserve(&scope, &key, b"req", lease)? else {
+    ///     panic!("an expired lease is taken over");
+    /// };
+    /// assert!(second.is_takeover() && second.token() > first.token());
+    /// db.complete(&second, b"201".to_vec())?;
+    /// // The first owner's late answer is refused, and the stored one stands.
+    /// assert!(matches!(
+    ///     db.complete(&first, b"201 late".to_vec()),
+    ///     Err(Error::Refused(Refusal::Fenced { .. }))
+    /// ));
+    /// assert_eq!(db.reserve(&scope, &key, b"req", lease)?, ReserveOutcome::Completed(b"201".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn complete(&self, reservation: &Reservation, response: impl Into<Vec<u8>>) -> Done {
         self.call(self.prepare_finish(reservation, RecordState::Completed, response.into()))
     }
@@ -156,7 +185,7 @@ impl IdemDb {
     /// Refuses a reservation issued by another database before anything is queued.
     fn check_issuer(&self, res: &Reservation) -> Result<(), Error> {
         if res.database_id() != self.engine.database_id {
-            return Err(Error::ForeignReservation);
+            return Err(Error::Refused(Refusal::ForeignReservation));
         }
         Ok(())
     }
@@ -293,5 +322,5 @@ fn count_owner(stats: &StatsCollector, ok: bool, fenced: bool, done: Option<Coun
 }
 
 fn fenced(e: &Error) -> bool {
-    matches!(e, Error::Fenced { .. })
+    matches!(e, Error::Refused(Refusal::Fenced { .. }))
 }

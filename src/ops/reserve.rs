@@ -30,6 +30,34 @@ impl IdemDb {
     /// the work and then calls [`complete`](Self::complete), [`fail`](Self::fail) or
     /// [`release`](Self::release). Replays and in-progress answers come from a snapshot
     /// without waiting for the writer.
+    ///
+    /// ```
+    /// use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = IdemDb::open(dir.path().join("db"))?;
+    /// let scope = Scope::new("POST /orders", "user-7"); // operation + principal
+    /// let key = Key::new("intent-1");                    // the Idempotency-Key
+    /// let lease = Duration::from_secs(30);
+    ///
+    /// let ReserveOutcome::Acquired(owner) = db.reserve(&scope, &key, b"{\"sku\":1}", lease)? else {
+    ///     panic!("a fresh key is acquired");
+    /// };
+    /// // A duplicate while the owner works is told to retry later (409): it does not run.
+    /// assert!(matches!(
+    ///     db.reserve(&scope, &key, b"{\"sku\":1}", lease)?,
+    ///     ReserveOutcome::InProgress { .. }
+    /// ));
+    /// // Another request under the same key is refused (422), never given this one's answer.
+    /// assert_eq!(db.reserve(&scope, &key, b"{\"sku\":2}", lease)?, ReserveOutcome::Mismatch);
+    /// db.complete(&owner, b"201 order o-1".to_vec())?;
+    /// // Every retry now gets the first answer, byte for byte.
+    /// assert_eq!(
+    ///     db.reserve(&scope, &key, b"{\"sku\":1}", lease)?,
+    ///     ReserveOutcome::Completed(b"201 order o-1".to_vec())
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reserve<'p>(
         &self,
         scope: &Scope,

@@ -35,14 +35,14 @@ impl Writer {
         let n = batch.len();
         let started = std::time::Instant::now();
         if engine.is_poisoned() {
-            return (0..n).map(|_| Err(engine.refusal())).collect();
+            return (0..n).map(|_| Err(engine.poisoned_error())).collect();
         }
         let mut guard = self.leader.lock();
         // Again under the lock: a checkpoint or compaction step that failed while this batch
         // waited for it poisoned the engine, and no frame may follow a failed commit. (Plain
         // batches never touch redb, so redb's own refusal would not stop them.)
         if engine.is_poisoned() {
-            return (0..n).map(|_| Err(engine.refusal())).collect();
+            return (0..n).map(|_| Err(engine.poisoned_error())).collect();
         }
         let leader = &mut *guard;
         leader.batch_seq += 1;

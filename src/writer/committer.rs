@@ -65,7 +65,7 @@ impl Writer {
 
     pub(super) fn check_open(&self, queue: &Queue) -> Result<(), Error> {
         if self.engine.is_poisoned() {
-            return Err(self.engine.refusal());
+            return Err(self.engine.poisoned_error());
         }
         if queue.shutdown {
             return Err(Error::Closed);

@@ -21,7 +21,7 @@ impl Writer {
         let engine = &*self.engine;
         let mut leader = self.leader.lock();
         if engine.is_poisoned() {
-            return Err(engine.refusal());
+            return Err(engine.poisoned_error());
         }
         let fail = |e: Error| {
             engine.poison();

@@ -1,5 +1,6 @@
 //! `stats`, `get` and `compact`: one answer each.
 
+use idemdb::Refusal;
 use std::path::Path;
 
 use idemdb::{BeyondHorizonPolicy, Error, Histogram, Key, Retention, Scope};
@@ -194,7 +195,9 @@ pub fn get(ctx: &mut Ctx, path: &Path, global: &Global, a: GetArgs<'_>) -> Resul
     let scope = Scope::new(a.operation, a.principal);
     let record = match db.get(&scope, &Key::new(&key)) {
         Ok(record) => record,
-        Err(Error::InvalidInput(e)) => return Err(CliError::Usage(e.to_string())),
+        Err(Error::Refused(Refusal::InvalidInput(e))) => {
+            return Err(CliError::Usage(e.to_string()));
+        }
         Err(e) => return Err(CliError::from_engine(path, e)),
     };
     let name = format!(

@@ -113,8 +113,17 @@ impl fmt::Display for Refusal {
 /// service's own code over either store) needs to know of a store's error, whichever store it
 /// came from.
 pub trait StoreError: std::error::Error + Clone + Send + Sync + 'static {
-    /// The protocol's refusal this error is, if it is one: the same for every store.
-    fn refusal(&self) -> Option<Refusal>;
+    /// The protocol's refusal this error is, if it is one: the same for every store (each
+    /// store's error holds it in one variant, `Refused`).
+    fn refusal(&self) -> Option<&Refusal>;
+
+    /// The invalid input this error refused, if that is what it is: nothing was written.
+    fn input_error(&self) -> Option<&InputError> {
+        match self.refusal() {
+            Some(Refusal::InvalidInput(e)) => Some(e),
+            _ => None,
+        }
+    }
 
     /// A write whose outcome is unknown: it may have committed. Read the record to learn it.
     fn is_outcome_unknown(&self) -> bool;

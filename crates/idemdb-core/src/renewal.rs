@@ -78,9 +78,9 @@ mod tests {
     impl std::error::Error for Failure {}
 
     impl StoreError for Failure {
-        fn refusal(&self) -> Option<Refusal> {
+        fn refusal(&self) -> Option<&Refusal> {
             match self {
-                Failure::Refused(r) => Some(r.clone()),
+                Failure::Refused(r) => Some(r),
                 Failure::Unconfirmed => None,
             }
         }

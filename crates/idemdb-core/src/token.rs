@@ -14,7 +14,8 @@ use crate::scope::RecordKey;
 /// another database it is refused with
 /// [`Refusal::ForeignReservation`](crate::Refusal::ForeignReservation), and nothing changes.
 ///
-/// Only a store issues one ([`Reservation::issue`]); the fields are read through methods.
+/// Only a store issues one; the fields are read through methods. (A store's side of it, hidden
+/// from these docs, is described in docs/stores.md.)
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Reservation {
     /// The database that issued it: owner calls on another database are refused.
@@ -27,7 +28,9 @@ pub struct Reservation {
     beyond_horizon: bool,
 }
 
-/// What a store knows when it grants ownership: the parts of a [`Reservation`].
+/// What a store knows when it grants ownership: the parts of a [`Reservation`]. For store
+/// implementations only (docs/stores.md).
+#[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct Grant {
     /// The issuing database's identity ([`database_id`](crate::fingerprint::database_id)).
@@ -50,7 +53,8 @@ impl Reservation {
     /// The reservation a store hands to the caller it made the owner. For store
     /// implementations only, after the grant is durable: a reservation built by anyone else
     /// (from a token read with `get`, say) passes the store's fencing check as the owner's
-    /// would, and finishing an intent with it breaks exactly-once.
+    /// would, and finishing an intent with it breaks exactly-once (docs/stores.md).
+    #[doc(hidden)]
     pub fn issue(grant: Grant) -> Reservation {
         let Grant {
             database_id,
@@ -83,7 +87,8 @@ impl Reservation {
     }
 
     /// Records a renewed lease. For store implementations, after the renewal is durable; the
-    /// store's own record decides ownership, never this copy.
+    /// store's own record decides ownership, never this copy (docs/stores.md).
+    #[doc(hidden)]
     pub fn renewed(&mut self, lease_expires_at: u64) {
         self.lease_expires_at = lease_expires_at;
     }

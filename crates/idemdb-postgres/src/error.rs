@@ -6,32 +6,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use idemdb_core::error::{ExecuteError, InputError, Refusal, StoreError};
-use idemdb_core::fencing::FencingToken;
-use idemdb_core::state::RecordState;
 
 /// An error of [`PgStore`](crate::PgStore). Cheap to clone.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum PgError {
-    /// The input was refused (a key, scope or response over the limits, a zero lease, a
-    /// setting out of range); nothing was sent.
-    InvalidInput(InputError),
-    /// The reservation's token is stale: the record was taken over.
-    Fenced {
-        /// The token the caller presented.
-        presented: FencingToken,
-        /// The token that owns the record now.
-        current: FencingToken,
-    },
-    /// No live record exists for the reservation (released, or expired and gone).
-    UnknownRecord,
-    /// The record is no longer in progress.
-    NotInProgress {
-        /// Its state.
-        state: RecordState,
-    },
-    /// The reservation was issued by another database (or another store).
-    ForeignReservation,
+    /// The protocol refused the call, and nothing changed: invalid input (a key, scope or
+    /// response over the limits, a zero lease, a setting out of range; nothing was sent), a
+    /// stale fencing token, no live record for the reservation, a record no longer in
+    /// progress, or a reservation of another database or store. The same [`Refusal`] as every
+    /// store's ([`StoreError::refusal`]).
+    Refused(Refusal),
     /// The schema is newer than this build supports: run the newer build's `migrate`, or
     /// this build against a database of its own version.
     UnsupportedFormat {
@@ -70,10 +55,7 @@ impl fmt::Display for PgError {
             PgError::Codec(e) => write!(f, "typed value codec: {e}"),
             PgError::Internal(why) => write!(f, "internal error (a bug in idemdb): {why}"),
             PgError::Database(e) => write!(f, "database: {e}"),
-            refused => match refused.refusal() {
-                Some(refusal) => write!(f, "{refusal}"),
-                None => Ok(()),
-            },
+            PgError::Refused(refusal) => write!(f, "{refusal}"),
         }
     }
 }
@@ -97,18 +79,11 @@ impl PgError {
 }
 
 impl StoreError for PgError {
-    fn refusal(&self) -> Option<Refusal> {
-        Some(match self {
-            PgError::InvalidInput(e) => Refusal::InvalidInput(e.clone()),
-            PgError::Fenced { presented, current } => Refusal::Fenced {
-                presented: *presented,
-                current: *current,
-            },
-            PgError::UnknownRecord => Refusal::UnknownRecord,
-            PgError::NotInProgress { state } => Refusal::NotInProgress { state: *state },
-            PgError::ForeignReservation => Refusal::ForeignReservation,
-            _ => return None,
-        })
+    fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            PgError::Refused(refusal) => Some(refusal),
+            _ => None,
+        }
     }
 
     fn is_outcome_unknown(&self) -> bool {
@@ -130,21 +105,13 @@ impl StoreError for PgError {
 
 impl From<Refusal> for PgError {
     fn from(refusal: Refusal) -> Self {
-        match refusal {
-            Refusal::InvalidInput(e) => PgError::InvalidInput(e),
-            Refusal::Fenced { presented, current } => PgError::Fenced { presented, current },
-            Refusal::UnknownRecord => PgError::UnknownRecord,
-            Refusal::NotInProgress { state } => PgError::NotInProgress { state },
-            Refusal::ForeignReservation => PgError::ForeignReservation,
-            // A refusal of a newer idemdb-core than this store knows: none exists yet.
-            other => PgError::Internal(format!("an unknown refusal: {other}")),
-        }
+        PgError::Refused(refusal)
     }
 }
 
 impl From<InputError> for PgError {
     fn from(e: InputError) -> Self {
-        PgError::InvalidInput(e)
+        PgError::Refused(Refusal::InvalidInput(e))
     }
 }
 
@@ -166,6 +133,7 @@ impl From<ExecuteError<PgError, PgError>> for PgError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idemdb_core::fencing::FencingToken;
 
     /// The renewal loop retries sooner after these (the server was unreachable, or a write's
     /// outcome is unknown), and stops at a refusal.

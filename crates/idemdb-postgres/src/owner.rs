@@ -2,6 +2,7 @@
 //! presented token and the IN_PROGRESS state, so that a stale owner is fenced by the
 //! database itself. When the guard matches nothing, the shared `check_owner` says why.
 
+use idemdb_core::error::Refusal;
 use std::time::Duration;
 
 use super::store::Inner;
@@ -68,7 +69,7 @@ impl Inner {
     /// Refuses a reservation of another database.
     pub(crate) fn check_issuer(&self, reservation: &Reservation) -> Result<(), PgError> {
         if reservation.database_id() != self.database_id {
-            return Err(PgError::ForeignReservation);
+            return Err(PgError::Refused(Refusal::ForeignReservation));
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! four gauges, set after every counted call (its connection back in the pool), at every
 //! `stats()` and at every compactor tick.
 
+use idemdb_core::error::Refusal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ pub struct PgStats {
     pub mismatches: u64,
     /// Duplicates told to retry later (a `reserve_or_wait` counts its final answer only).
     pub in_progress: u64,
-    /// Owner calls refused with [`PgError::Fenced`].
+    /// Owner calls refused with [`Refusal::Fenced`](crate::Refusal::Fenced).
     pub fenced: u64,
     /// Records finished (COMPLETED or FAILED written), by owners and by `execute`.
     pub finished: u64,
@@ -205,7 +206,7 @@ impl Counters {
 
     fn error(&self, e: &PgError) {
         match e {
-            PgError::Fenced { .. } => self.add(Counter::Fenced),
+            PgError::Refused(Refusal::Fenced { .. }) => self.add(Counter::Fenced),
             PgError::OutcomeUnknown(_) => self.add(Count::OutcomeUnknown),
             _ => {}
         }

@@ -1,6 +1,7 @@
 //! `PgStore`: the state its calls share (`Inner`), its compactor task, and the [`Store`] impl
 //! that the HTTP layer, the typed layer and generic callers use.
 
+use idemdb_core::error::Refusal;
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -150,13 +151,13 @@ pub(super) fn record_fits(limits: &Limits) -> Result<(), PgError> {
     .iter()
     .fold(0usize, |sum, l| sum.saturating_add(*l));
     if len > MAX_RECORD_BYTES {
-        return Err(PgError::InvalidInput(
+        return Err(PgError::Refused(Refusal::InvalidInput(
             idemdb_core::error::InputError::TooLong {
                 what: "the limits of a record over PostgreSQL (operation, principal, key and response together)",
                 len,
                 max: MAX_RECORD_BYTES,
             },
-        ));
+        )));
     }
     Ok(())
 }

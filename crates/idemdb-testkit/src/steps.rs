@@ -7,6 +7,7 @@ use idemdb::Consumed;
 use idemdb::IdemDb;
 use idemdb::Key;
 use idemdb::ManualClock;
+use idemdb::Refusal;
 use idemdb::Reservation;
 use idemdb::ReserveOutcome;
 use idemdb::testing::{self, Finish};
@@ -150,7 +151,9 @@ fn batch(db: &IdemDb, step: usize, keys: u8, finish: u32, logs: &mut Vec<KeyLog>
         match out {
             Ok(()) => logs[at].answered(),
             Err(
-                e @ (Error::Fenced { .. } | Error::UnknownRecord | Error::NotInProgress { .. }),
+                e @ (Error::Refused(Refusal::Fenced { .. })
+                | Error::Refused(Refusal::UnknownRecord)
+                | Error::Refused(Refusal::NotInProgress { .. })),
             ) => {
                 panic!("owner call refused before the crash: {e}")
             }

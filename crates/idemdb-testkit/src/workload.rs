@@ -5,6 +5,7 @@
 //! have happened entirely or not at all). After reopen, every key's record and business row
 //! must equal the acknowledged state or, for the in-flight call, the state it would have left.
 
+use idemdb::Refusal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -373,7 +374,11 @@ pub(super) fn log_payload() -> &'static [u8] {
 fn owner_call(r: Result<(), Error>) -> Result<(), String> {
     match r {
         Ok(()) => Ok(()),
-        Err(e @ (Error::Fenced { .. } | Error::UnknownRecord | Error::NotInProgress { .. })) => {
+        Err(
+            e @ (Error::Refused(Refusal::Fenced { .. })
+            | Error::Refused(Refusal::UnknownRecord)
+            | Error::Refused(Refusal::NotInProgress { .. })),
+        ) => {
             panic!("owner call refused before the crash: {e}")
         }
         Err(e) => Err(e.to_string()),
@@ -483,7 +488,7 @@ fn run(db: &IdemDb, clock: &ManualClock, script: Script, log: &mut KeyLog) -> Op
             let fresh = reserve(db, log, LONG_LEASE, true)?;
             let same = log.acked.clone();
             log.call(same, || match db.complete(&stale, b"late".to_vec()) {
-                Err(Error::Fenced { .. }) => Ok(()),
+                Err(Error::Refused(Refusal::Fenced { .. })) => Ok(()),
                 Ok(()) => panic!("a stale owner completed"),
                 Err(e) => Err(e.to_string()),
             })?;

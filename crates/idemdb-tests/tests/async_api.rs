@@ -4,6 +4,7 @@
 mod common;
 
 use common::{LEASE, db_path, fresh, fresh_shared, open_on};
+use idemdb::Refusal;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,7 +107,7 @@ async fn owner_operations_and_fencing_async() {
     assert!(new.is_takeover());
     assert!(matches!(
         db.complete_async(&old, b"late".to_vec()).await,
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
     let err = db
         .complete_with_async(&new, b"x".to_vec(), |_tx| Err::<(), _>("boom"))

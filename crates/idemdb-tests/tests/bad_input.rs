@@ -3,6 +3,7 @@
 mod common;
 
 use common::{LEASE, T0, acquired, format_version};
+use idemdb::Refusal;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,13 +37,13 @@ fn order_row(db: &IdemDb, key: &str) -> Option<u64> {
 }
 
 fn is_empty(e: &Error, want: &str) -> bool {
-    matches!(e, Error::InvalidInput(InputError::Empty { what }) if *what == want)
+    matches!(e, Error::Refused(Refusal::InvalidInput(InputError::Empty { what })) if *what == want)
 }
 
 fn is_too_long(e: &Error, want: &str, want_len: usize, want_max: usize) -> bool {
     matches!(
         e,
-        Error::InvalidInput(InputError::TooLong { what, len, max })
+        Error::Refused(Refusal::InvalidInput(InputError::TooLong { what, len, max }))
             if *what == want && *len == want_len && *max == want_max
     )
 }
@@ -299,11 +300,11 @@ fn zero_lease_is_refused() {
     let s = Scope::new("op", "p");
     assert!(matches!(
         db.reserve(&s, &Key::new("k"), b"x", Duration::ZERO),
-        Err(Error::InvalidInput(InputError::ZeroLease))
+        Err(Error::Refused(Refusal::InvalidInput(InputError::ZeroLease)))
     ));
     assert!(matches!(
         db.reserve_or_wait(&s, &Key::new("k"), b"x", Duration::ZERO, LEASE),
-        Err(Error::InvalidInput(InputError::ZeroLease))
+        Err(Error::Refused(Refusal::InvalidInput(InputError::ZeroLease)))
     ));
     assert_eq!(db.get(&s, &Key::new("k")).unwrap(), None);
     assert_eq!(record_count(&db), 0);
@@ -313,7 +314,7 @@ fn zero_lease_is_refused() {
     let r_before = r.clone();
     assert!(matches!(
         db.extend(&mut r, Duration::ZERO),
-        Err(Error::InvalidInput(InputError::ZeroLease))
+        Err(Error::Refused(Refusal::InvalidInput(InputError::ZeroLease)))
     ));
     assert_eq!(r, r_before);
     assert_eq!(db.get(&s, &Key::new("k")).unwrap(), before);

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{AppError, LEASE, T0, acquired, setup};
+use idemdb::Refusal;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -68,9 +69,9 @@ fn complete_with_commits_the_business_row_and_completed_together() {
     // Finished: a second complete_with is refused without running.
     let again = Arc::new(AtomicBool::new(false));
     match db.complete_with(&r, b"x".to_vec(), ledger_write(&again, "charge-1", 1)) {
-        Err(ExecuteError::Db(Error::NotInProgress {
+        Err(ExecuteError::Db(Error::Refused(Refusal::NotInProgress {
             state: RecordState::Completed,
-        })) => {}
+        }))) => {}
         other => panic!("expected NotInProgress, got {other:?}"),
     }
     assert!(!again.load(Ordering::SeqCst));
@@ -144,7 +145,7 @@ fn fenced_owner_is_refused_and_its_closure_does_not_run() {
 
     let ran = Arc::new(AtomicBool::new(false));
     match db.complete_with(&a, b"late".to_vec(), ledger_write(&ran, "charge-4", 1)) {
-        Err(ExecuteError::Db(Error::Fenced { presented, current })) => {
+        Err(ExecuteError::Db(Error::Refused(Refusal::Fenced { presented, current }))) => {
             assert_eq!(presented, a.token());
             assert_eq!(current, b.token());
         }
@@ -153,7 +154,7 @@ fn fenced_owner_is_refused_and_its_closure_does_not_run() {
     assert!(!ran.load(Ordering::SeqCst), "the closure did not run");
 
     match db.fail_with(&a, b"late".to_vec(), ledger_write(&ran, "charge-4", 2)) {
-        Err(ExecuteError::Db(Error::Fenced { presented, current })) => {
+        Err(ExecuteError::Db(Error::Refused(Refusal::Fenced { presented, current }))) => {
             assert_eq!(presented, a.token());
             assert_eq!(current, b.token());
         }
@@ -178,7 +179,7 @@ fn released_reservation_is_unknown_and_its_closure_does_not_run() {
     db.release(&r).unwrap();
     let ran = Arc::new(AtomicBool::new(false));
     match db.complete_with(&r, b"x".to_vec(), ledger_write(&ran, "charge-5", 1)) {
-        Err(ExecuteError::Db(Error::UnknownRecord)) => {}
+        Err(ExecuteError::Db(Error::Refused(Refusal::UnknownRecord))) => {}
         other => panic!("expected UnknownRecord, got {other:?}"),
     }
     assert!(!ran.load(Ordering::SeqCst));
@@ -239,7 +240,9 @@ fn reserved_table_name_is_refused_in_complete_with() {
         Ok::<(), Error>(())
     });
     match result {
-        Err(ExecuteError::Closure(Error::InvalidInput(InputError::ReservedTableName { name }))) => {
+        Err(ExecuteError::Closure(Error::Refused(Refusal::InvalidInput(
+            InputError::ReservedTableName { name },
+        )))) => {
             assert_eq!(name, "idemdb_meta")
         }
         other => panic!("expected ReservedTableName, got {other:?}"),

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{AppError, T0, setup};
+use idemdb::Refusal;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -322,7 +323,7 @@ fn execute_on_a_two_step_reservation_is_in_progress_and_does_not_run() {
     assert!(rec.token > owner.token());
     assert_eq!(rec.created_at, T0);
     match db.complete(&owner, b"late".to_vec()) {
-        Err(Error::Fenced { presented, current }) => {
+        Err(Error::Refused(Refusal::Fenced { presented, current })) => {
             assert_eq!(presented, owner.token());
             assert_eq!(current, rec.token);
         }
@@ -386,7 +387,9 @@ fn reserved_table_names_are_refused_inside_the_closure() {
         })
         .unwrap_err();
     match err {
-        ExecuteError::Closure(Error::InvalidInput(InputError::ReservedTableName { name })) => {
+        ExecuteError::Closure(Error::Refused(Refusal::InvalidInput(
+            InputError::ReservedTableName { name },
+        ))) => {
             assert_eq!(name, "idemdb_x")
         }
         other => panic!("expected ReservedTableName, got {other:?}"),
@@ -401,7 +404,7 @@ fn reserved_table_names_are_refused_inside_the_closure() {
     assert_eq!(others.len(), expected.len());
     for (result, want) in others.iter().zip(expected) {
         match result {
-            Err(Error::InvalidInput(InputError::ReservedTableName { name })) => {
+            Err(Error::Refused(Refusal::InvalidInput(InputError::ReservedTableName { name }))) => {
                 assert_eq!(name, want)
             }
             other => panic!("{want}: expected ReservedTableName, got {other:?}"),

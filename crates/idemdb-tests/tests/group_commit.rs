@@ -4,6 +4,7 @@
 mod common;
 
 use common::{LEASE, on_backend};
+use idemdb::Refusal;
 
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -240,7 +241,9 @@ fn failing_closures_do_not_undo_their_neighbours() {
             caller_db.execute(&scope(), &Key::new(&key), b"p", move |tx| {
                 tx.open_table(ROWS)?.insert(key.as_str(), i)?;
                 if i % 3 == 1 {
-                    return Err(Error::InvalidInput(idemdb::InputError::ZeroLease));
+                    return Err(Error::Refused(Refusal::InvalidInput(
+                        idemdb::InputError::ZeroLease,
+                    )));
                 }
                 Ok(Outcome::Completed(i.to_le_bytes().to_vec()))
             })

@@ -156,33 +156,80 @@ const UNITS: &[Unit] = &[
     Unit {
         name: "bench compare",
         dir: "../idemdb-bench/benches/compare",
-        at_least: 14,
+        at_least: 18,
         layers: BENCH_COMPARE,
     },
     Unit {
         name: "bench pg_compare",
         dir: "../idemdb-bench/benches/pg_compare",
-        at_least: 12,
+        at_least: 13,
         layers: BENCH_PG_COMPARE,
     },
     Unit {
         name: "bench retention",
         dir: "../idemdb-bench/benches/retention",
-        at_least: 17,
+        at_least: 19,
         layers: BENCH_RETENTION,
     },
     Unit {
         name: "bench tail",
         dir: "../idemdb-bench/benches/tail",
-        at_least: 8,
+        at_least: 9,
         layers: BENCH_TAIL,
     },
 ];
 
-const BENCH_COMPARE: &[(&str, &[&str])] = &[];
-const BENCH_PG_COMPARE: &[(&str, &[&str])] = &[];
-const BENCH_RETENTION: &[(&str, &[&str])] = &[];
-const BENCH_TAIL: &[(&str, &[&str])] = &[];
+const BENCH_COMPARE: &[(&str, &[&str])] = &[
+    (
+        "shared: keys, criterion, callers, CPU, the fsync floor, the report's pieces",
+        &["shared"],
+    ),
+    (
+        "the engines' interface: Engine, Session, the stored key",
+        &["interface"],
+    ),
+    (
+        "the engines",
+        &["floors", "idem", "naive", "sqlite", "postgres", "redis"],
+    ),
+    ("the line-up", &["engines"]),
+    ("the callers: threads and tasks", &["pool", "tasks"]),
+    ("the summary", &["report"]),
+];
+const BENCH_PG_COMPARE: &[(&str, &[&str])] = &[
+    (
+        "shared: keys, criterion, callers, CPU, the hand-written table, the report's pieces",
+        &["shared"],
+    ),
+    ("the baseline table and a distribution", &["table", "dist"]),
+    ("the subjects and their callers", &["subject", "callers"]),
+    ("the drop stall", &["stall"]),
+    ("the summary", &["report"]),
+];
+const BENCH_RETENTION: &[(&str, &[&str])] = &[
+    (
+        "shared: keys, criterion, callers, the report's pieces",
+        &["shared"],
+    ),
+    (
+        "settings, the table's pieces, file space",
+        &["settings", "report", "space"],
+    ),
+    (
+        "fills, the load, a baseline's measurements",
+        &["fill", "load", "baseline"],
+    ),
+    ("the baselines and opening", &["naive", "sqlite", "open"]),
+    ("the cells", &["drop", "absence", "stall"]),
+];
+const BENCH_TAIL: &[(&str, &[&str])] = &[
+    (
+        "shared: keys, criterion, the fsync floor, the report's pieces",
+        &["shared"],
+    ),
+    ("the run: setup, workloads, measurements", &["run"]),
+    ("the report", &["report"]),
+];
 
 /// The directory every bench target includes as its module `shared` (`#[path]`).
 const BENCH_SHARED: &str = "../idemdb-bench/benches/shared";

@@ -97,7 +97,7 @@ async fn a_stopped_owner_is_taken_over_after_about_one_lease<S: Store>(db: Arc<S
     assert!(matches!(
         db.complete(&r, b"late".to_vec())
             .await
-            .map_err(|e| e.refusal()),
+            .map_err(|e| e.refusal().cloned()),
         Err(Some(Refusal::Fenced { .. }))
     ));
     // A heartbeat of a reservation taken over ends, and says so.
@@ -105,7 +105,7 @@ async fn a_stopped_owner_is_taken_over_after_about_one_lease<S: Store>(db: Arc<S
     tokio::time::sleep(LEASE).await;
     assert!(beat.is_lost());
     assert!(matches!(
-        beat.stop().map_err(|e| e.refusal()),
+        beat.stop().map_err(|e| e.refusal().cloned()),
         Err(Some(Refusal::Fenced { .. }))
     ));
 }

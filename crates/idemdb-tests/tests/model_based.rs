@@ -131,21 +131,23 @@ enum Ans {
 impl Ans {
     fn of_error(e: &Error) -> Ans {
         match e {
-            Error::InvalidInput(InputError::TooLong {
+            Error::Refused(idemdb::Refusal::InvalidInput(InputError::TooLong {
                 what: "response",
                 len,
                 max,
-            }) => Ans::TooLong {
+            })) => Ans::TooLong {
                 len: *len,
                 max: *max,
             },
-            Error::InvalidInput(InputError::ZeroLease) => Ans::ZeroLease,
-            Error::Fenced { presented, current } => Ans::Fenced {
+            Error::Refused(idemdb::Refusal::InvalidInput(InputError::ZeroLease)) => Ans::ZeroLease,
+            Error::Refused(idemdb::Refusal::Fenced { presented, current }) => Ans::Fenced {
                 presented: presented.get(),
                 current: current.get(),
             },
-            Error::UnknownRecord => Ans::UnknownRecord,
-            Error::NotInProgress { state } => Ans::NotInProgress(st(*state)),
+            Error::Refused(idemdb::Refusal::UnknownRecord) => Ans::UnknownRecord,
+            Error::Refused(idemdb::Refusal::NotInProgress { state }) => {
+                Ans::NotInProgress(st(*state))
+            }
             other => Ans::Other(format!("{other:?}")),
         }
     }

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{acquired, setup};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ fn stats_count_an_execute_takeover_as_a_takeover() {
     assert_eq!(db.get(&scope, &key).unwrap().unwrap().attempts, 2);
     assert!(matches!(
         db.complete(&first, b"late".to_vec()),
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
 
     let stats = db.stats();

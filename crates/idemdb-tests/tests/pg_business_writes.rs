@@ -4,6 +4,7 @@
 mod common;
 
 use common::stores::{accounts, accounts_table, postgres, runtime};
+use idemdb_postgres::Refusal;
 
 use idemdb::{Consumed, ExecuteError, ExecuteOutcome, Key, Outcome, ReserveOutcome, Scope, Store};
 use idemdb_postgres::tokio_postgres;
@@ -153,9 +154,9 @@ fn complete_with_commits_with_the_record_and_a_stale_owner_runs_nothing() {
             .await;
         assert!(matches!(
             again,
-            Err(ExecuteError::Db(
-                idemdb_postgres::PgError::NotInProgress { .. }
-            ))
+            Err(ExecuteError::Db(idemdb_postgres::PgError::Refused(
+                Refusal::NotInProgress { .. }
+            )))
         ));
         assert_eq!(orders(&db).await, [("o-1".to_string(), 7)]);
     });

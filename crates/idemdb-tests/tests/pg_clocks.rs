@@ -14,6 +14,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,7 +182,7 @@ fn leases_and_partitions_end_by_the_server_s_clock_whatever_the_instances_say() 
         assert_eq!(on_b.lease_expires_at(), T0 + 60_000);
         assert!(matches!(
             a.complete(&on_a, b"late".to_vec()).await,
-            Err(idemdb_postgres::PgError::Fenced { .. })
+            Err(idemdb_postgres::PgError::Refused(Refusal::Fenced { .. }))
         ));
         b.complete(&on_b, b"B".to_vec()).await.unwrap();
         // Past the TTL by the server's clock, B (a day behind) drops the partition, and the

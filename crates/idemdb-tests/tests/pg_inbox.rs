@@ -3,6 +3,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -353,7 +354,9 @@ fn an_empty_poll_and_a_poll_of_refused_ids_take_no_connection() {
         assert!(
             matches!(
                 refused[..],
-                [Err(ExecuteError::Db(PgError::InvalidInput(_)))]
+                [Err(ExecuteError::Db(PgError::Refused(
+                    Refusal::InvalidInput(_)
+                )))]
             ),
             "{refused:?}"
         );

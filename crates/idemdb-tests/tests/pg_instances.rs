@@ -3,6 +3,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ fn a_stale_owner_on_a_is_fenced_after_b_took_over_its_expired_lease() {
 
         // Every late call of A's is refused by the database's guard, naming both tokens.
         let fenced = |e: &PgError| {
-            matches!(e, PgError::Fenced { presented, current }
+            matches!(e, PgError::Refused(Refusal::Fenced { presented, current })
                 if *presented == on_a.token() && *current == on_b.token())
         };
         let late = a.complete(&on_a, b"A's late answer".to_vec()).await;
@@ -106,7 +107,7 @@ fn a_takeover_in_real_time_fences_the_owner_that_outlived_its_lease() {
         assert!(on_b.is_takeover() && on_b.token() > on_a.token());
         assert!(matches!(
             a.complete(&on_a, b"late".to_vec()).await,
-            Err(PgError::Fenced { .. })
+            Err(PgError::Refused(Refusal::Fenced { .. }))
         ));
         b.complete(&on_b, b"ok".to_vec()).await.unwrap();
     });
@@ -241,7 +242,7 @@ fn tokens_increase_across_instances_and_reservations_belong_to_their_database() 
         );
         assert!(matches!(
             elsewhere.complete(&r, b"x".to_vec()).await,
-            Err(PgError::ForeignReservation)
+            Err(PgError::Refused(Refusal::ForeignReservation))
         ));
         assert_eq!(
             elsewhere.get(&scope(), &Key::new("mine")).await.unwrap(),

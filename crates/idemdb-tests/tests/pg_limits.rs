@@ -5,6 +5,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +103,9 @@ fn limits_a_record_could_not_hold_are_refused_at_connect() {
         assert!(
             matches!(
                 refused,
-                Err(PgError::InvalidInput(InputError::TooLong { .. }))
+                Err(PgError::Refused(Refusal::InvalidInput(
+                    InputError::TooLong { .. }
+                )))
             ),
             "{:?}",
             refused.err()

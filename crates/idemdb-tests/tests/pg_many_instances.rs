@@ -12,6 +12,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -117,9 +118,9 @@ async fn send(store: &PgStore, i: usize, ledger: &Mutex<Ledger>) -> Vec<u8> {
                     return answer;
                 }
                 // An earlier try committed without an answer: read it back.
-                Err(PgError::NotInProgress {
+                Err(PgError::Refused(Refusal::NotInProgress {
                     state: RecordState::Completed,
-                }) => {
+                })) => {
                     let stored = loop {
                         // The read goes through the same cut connections: retried like a client.
                         match store.get(&scope(), &key(i)).await {
@@ -135,7 +136,7 @@ async fn send(store: &PgStore, i: usize, ledger: &Mutex<Ledger>) -> Vec<u8> {
                     ledger.lock().acked.insert(i, answer.clone());
                     return answer;
                 }
-                Err(PgError::Fenced { .. }) => {
+                Err(PgError::Refused(Refusal::Fenced { .. })) => {
                     set_run(ledger, i, r.token(), Run::Fenced);
                     break;
                 }

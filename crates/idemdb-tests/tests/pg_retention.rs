@@ -3,6 +3,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::time::Duration;
 
 use common::stores::{Under, postgres_with, runtime};
@@ -149,7 +150,7 @@ fn an_owner_whose_record_expired_is_told_it_is_unknown() {
         clock.advance(LEASE + TTL);
         assert!(matches!(
             db.complete(&r, b"late".to_vec()).await,
-            Err(idemdb_postgres::PgError::UnknownRecord)
+            Err(idemdb_postgres::PgError::Refused(Refusal::UnknownRecord))
         ));
     });
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use idemdb_postgres::Refusal;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,9 +66,9 @@ async fn worker(
                     break;
                 }
                 // An earlier attempt committed without an answer.
-                Err(PgError::NotInProgress {
+                Err(PgError::Refused(Refusal::NotInProgress {
                     state: RecordState::Completed,
-                }) => break,
+                })) => break,
                 Err(PgError::OutcomeUnknown(_) | PgError::Database(_)) => {
                     errors.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{T0, acquired, open_on, reopenable};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -33,27 +34,31 @@ fn a_reservation_from_another_database_is_refused_and_changes_nothing() {
     // Every owner call on A with B's reservation is refused, before anything is written.
     assert!(matches!(
         a.complete(&owner_b, b"wrong".to_vec()),
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.fail(&owner_b, b"wrong".to_vec()),
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.release(&owner_b),
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.extend(&mut owner_b, LEASE * 2),
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.complete_with(&owner_b, b"wrong".to_vec(), |_tx| Ok::<(), Error>(())),
-        Err(ExecuteError::Db(Error::ForeignReservation))
+        Err(ExecuteError::Db(Error::Refused(
+            Refusal::ForeignReservation
+        )))
     ));
     assert!(matches!(
         a.fail_with(&owner_b, b"wrong".to_vec(), |_tx| Ok::<(), Error>(())),
-        Err(ExecuteError::Db(Error::ForeignReservation))
+        Err(ExecuteError::Db(Error::Refused(
+            Refusal::ForeignReservation
+        )))
     ));
     assert_eq!(a.get(&scope, &key).unwrap(), before);
     assert_eq!(
@@ -98,15 +103,15 @@ async fn async_owner_calls_refuse_a_foreign_reservation_too() {
     let mut owner_b = acquired(b.reserve(&scope, &key, b"x", LEASE).unwrap());
     assert!(matches!(
         a.complete_async(&owner_b, b"no".to_vec()).await,
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.release_async(&owner_b).await,
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert!(matches!(
         a.extend_async(&mut owner_b, LEASE).await,
-        Err(Error::ForeignReservation)
+        Err(Error::Refused(Refusal::ForeignReservation))
     ));
     assert_eq!(
         a.get(&scope, &key).unwrap().unwrap().state,

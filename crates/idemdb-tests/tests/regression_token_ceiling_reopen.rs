@@ -8,6 +8,7 @@
 mod common;
 
 use common::{acquired, open_on, reopenable};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -41,7 +42,10 @@ fn token_ceiling_survives_an_aborted_execute_and_a_refused_owner_call() {
     ));
 
     // 2. A refused owner call that changes nothing.
-    assert!(matches!(db.release(&spare), Err(Error::UnknownRecord)));
+    assert!(matches!(
+        db.release(&spare),
+        Err(Error::Refused(Refusal::UnknownRecord))
+    ));
 
     // 3. The stale owner-to-be.
     let o1 = acquired(db.reserve(&scope, &key, b"pay", LEASE).unwrap());
@@ -67,7 +71,7 @@ fn token_ceiling_survives_an_aborted_execute_and_a_refused_owner_call() {
     // The stale owner is fenced; the new owner's work stands.
     assert!(matches!(
         db.complete(&o1, b"stale".to_vec()),
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
     db.complete(&o2, b"fresh".to_vec()).unwrap();
     let rec = db.get(&scope, &key).unwrap().unwrap();

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{T0, acquired, open_on, reopenable};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -159,7 +160,7 @@ fn takeover_after_reopen_fences_the_owner_from_before() {
 
     let before = db.get(&scope(), &key).unwrap();
     match db.complete(&a, b"from the dead".to_vec()) {
-        Err(Error::Fenced { presented, current }) => {
+        Err(Error::Refused(Refusal::Fenced { presented, current })) => {
             assert_eq!(presented, a.token());
             assert_eq!(current, b.token());
         }

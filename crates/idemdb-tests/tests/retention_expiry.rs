@@ -3,6 +3,7 @@
 
 mod common;
 
+use idemdb::Refusal;
 use std::time::Duration;
 
 use common::{LEASE, T0, acquired, minutes, setup_retained};
@@ -88,7 +89,7 @@ fn an_abandoned_reservation_expires_a_ttl_after_its_lease() {
     assert_eq!(db.get(&scope, &key).unwrap(), None);
     assert!(matches!(
         db.complete(&taken, b"late".to_vec()),
-        Err(Error::UnknownRecord)
+        Err(Error::Refused(Refusal::UnknownRecord))
     ));
     let fresh = acquired(db.reserve(&scope, &key, b"a", LEASE).unwrap());
     assert!(!fresh.is_takeover() && fresh.is_beyond_horizon());
@@ -96,11 +97,11 @@ fn an_abandoned_reservation_expires_a_ttl_after_its_lease() {
     // Both earlier owners are refused.
     assert!(matches!(
         db.complete(&stale, b"x".to_vec()),
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
     assert!(matches!(
         db.complete(&taken, b"x".to_vec()),
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
     db.complete(&fresh, b"ok".to_vec()).unwrap();
     // The compactor sweeps an abandoned IN_PROGRESS record once it expired.

@@ -2,6 +2,7 @@
 
 mod common;
 
+use idemdb::Refusal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ fn counters_follow_the_outcomes() {
     assert!(fresh.is_takeover());
     assert!(matches!(
         db.complete(&stale, b"late".to_vec()),
-        Err(Error::Fenced { .. })
+        Err(Error::Refused(Refusal::Fenced { .. }))
     ));
     let run = || {
         db.execute(&s, &Key::new("e"), b"p", |_tx| {

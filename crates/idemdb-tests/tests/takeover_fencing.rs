@@ -3,6 +3,7 @@
 mod common;
 
 use common::{T0, acquired, setup};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ fn stalled_owner_is_taken_over_and_its_late_complete_is_fenced() {
     // A wakes up and tries to record its result: refused, nothing changes.
     let before = db.get(&scope, &key).unwrap();
     match db.complete(&a, b"A's late answer".to_vec()) {
-        Err(Error::Fenced { presented, current }) => {
+        Err(Error::Refused(Refusal::Fenced { presented, current })) => {
             assert_eq!(presented, a.token());
             assert_eq!(current, b.token());
         }
@@ -83,7 +84,7 @@ fn stalled_owner_is_taken_over_and_its_late_complete_is_fenced() {
         db.complete(&a, b"A again".to_vec()),
     ] {
         match result {
-            Err(Error::Fenced { presented, current }) => {
+            Err(Error::Refused(Refusal::Fenced { presented, current })) => {
                 assert_eq!((presented, current), (a.token(), b.token()));
             }
             other => panic!("expected Fenced, got {other:?}"),
@@ -114,7 +115,7 @@ fn chain_of_takeovers_fences_every_earlier_owner() {
     let last = owners.pop().unwrap();
     for stale in &owners {
         match db.fail(stale, b"stale".to_vec()) {
-            Err(Error::Fenced { presented, current }) => {
+            Err(Error::Refused(Refusal::Fenced { presented, current })) => {
                 assert_eq!(presented, stale.token());
                 assert_eq!(current, last.token());
             }

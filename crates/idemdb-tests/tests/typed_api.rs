@@ -3,6 +3,7 @@
 mod common;
 
 use common::{LEASE, setup};
+use idemdb::Refusal;
 
 use std::time::Duration;
 
@@ -134,13 +135,13 @@ fn typed_owner_calls_are_fenced_like_untyped_ones() {
         note: None,
     };
     match purchases.complete(&a, &receipt) {
-        Err(Error::Fenced { presented, current }) => {
+        Err(Error::Refused(Refusal::Fenced { presented, current })) => {
             assert_eq!((presented, current), (a.token(), b.token()));
         }
         other => panic!("expected Fenced, got {other:?}"),
     }
     match purchases.fail(&a, &Declined::Fraud) {
-        Err(Error::Fenced { .. }) => {}
+        Err(Error::Refused(Refusal::Fenced { .. })) => {}
         other => panic!("expected Fenced, got {other:?}"),
     }
     assert_eq!(

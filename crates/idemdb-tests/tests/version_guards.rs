@@ -4,6 +4,7 @@
 mod common;
 
 use common::fresh;
+use idemdb::Refusal;
 
 use idemdb::redb::{ReadableTableMetadata, TableDefinition};
 use idemdb::{Error, ExecuteError, Guarded, IdemDb, Upserted, Versioned};
@@ -113,6 +114,8 @@ fn a_failing_closure_rolls_its_guarded_writes_back() {
     let refused = db.run(|tx| tx.apply_if_newer(OURS, "x", 1, b"x"));
     assert!(matches!(
         refused,
-        Err(ExecuteError::Closure(Error::InvalidInput(_)))
+        Err(ExecuteError::Closure(Error::Refused(
+            Refusal::InvalidInput(_)
+        )))
     ));
 }

@@ -217,7 +217,7 @@ pub async fn script<S: Store>(under: &Under<S>) {
     assert!(r4b.is_takeover());
     let late = db.complete(&r4, b"late".to_vec()).await;
     assert!(matches!(
-        late.map_err(|e| e.refusal()),
+        late.map_err(|e| e.refusal().cloned()),
         Err(Some(Refusal::Fenced { .. }))
     ));
     db.complete(&r4b, b"ok".to_vec()).await.unwrap();
