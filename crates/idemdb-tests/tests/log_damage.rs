@@ -7,11 +7,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{LEASE, T0, acquired, power_loss_now};
+use idemdb::testing::{LogLayout, recorded_log};
 use idemdb::{Error, IdemDb, Key, LogProblem, ManualClock, RecordState, ReserveOutcome, Scope};
-use idemdb_testkit::{FaultBackend, SECTOR};
+use idemdb_testkit::{Fate, Fault, FaultBackend, SECTOR};
 
 fn scope() -> Scope {
     Scope::new("pay", "u1")
@@ -75,6 +77,20 @@ fn refused(result: Result<IdemDb, Error>) -> LogProblem {
         Err(Error::LogRefused { log: None, problem }) => problem,
         Err(e) => panic!("expected LogRefused, got {e}"),
         Ok(_) => panic!("expected LogRefused, the open succeeded"),
+    }
+}
+
+/// As [`refused`], for the state `what`; an open that succeeds fails with `what` and what
+/// `shows` finds in the opened database (the loss the open let through).
+fn refused_in(
+    what: &str,
+    result: Result<IdemDb, Error>,
+    shows: impl FnOnce(&IdemDb) -> String,
+) -> LogProblem {
+    match result {
+        Err(Error::LogRefused { problem, .. }) => problem,
+        Err(e) => panic!("{what}: expected LogRefused, got {e}"),
+        Ok(db) => panic!("{what}: the open was not refused; {}", shows(&db)),
     }
 }
 
@@ -446,4 +462,279 @@ fn a_grown_log_cut_back_to_its_old_length_is_refused() {
     ));
     let db = open(&disk).unwrap();
     assert_eq!(state(&db, "k2"), Some(RecordState::Completed));
+}
+
+/// No checkpoint by age or size and no applier thread: the only checkpoints are the ones each
+/// open takes, and the database file has no writes of its own between them.
+fn open_quiet(disk: &FaultBackend) -> Result<IdemDb, Error> {
+    IdemDb::builder()
+        .clock(ManualClock::new(T0))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_bytes(1 << 30)
+        .without_applier()
+        .open_with_backend(disk.clone(), disk.log())
+}
+
+/// The database file restored from a copy taken one checkpoint before its log's cycle, the
+/// checkpoint after the copy having covered exactly one frame: the cycle sector says
+/// checkpoint + 1, the one evidence that the file is older than its log. Refused
+/// (`FramesMissing`) with the log's frames there, and when a crash tore the first frame of
+/// the new cycle over them, which leaves no frame to show the gap: then an acknowledged
+/// completion lives in no file the open would read. Catches the mutant that lets a cycle
+/// sector one ahead of the checkpoint through (wal/scan.rs, `examine_in_use`:
+/// `Some(Cycle::After(h)) if h > c` → `h > c + 1`), which opens both with the copy's state.
+#[test]
+fn a_database_file_restored_one_checkpoint_behind_its_log_is_refused() {
+    let backend = FaultBackend::new();
+    let db = open_quiet(&backend).unwrap();
+    let k1 = acquired(db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap());
+    let k2 = acquired(db.reserve(&scope(), &Key::new("k2"), b"p", LEASE).unwrap());
+    assert_eq!(LogLayout::read(&backend.log().live_image()).last(), Some(2));
+    // Reopened: frames 1 and 2 replayed, the checkpoint 2. The copy is taken here.
+    let disk = power_loss_now(&backend, db);
+    let db = open_quiet(&disk).unwrap();
+    let copy = disk.durable_image();
+    // Exactly one frame (3, k1's completion over seven sectors), then the next checkpoint.
+    db.complete(&k1, vec![b'x'; 3000]).unwrap();
+    let disk = power_loss_now(&disk, db);
+    let db = open_quiet(&disk).unwrap();
+    let at_checkpoint_3 = disk.durable_disk();
+    assert_eq!(recorded_log(&copy).unwrap(), (2, true), "the copy, in use");
+    assert_eq!(
+        recorded_log(&at_checkpoint_3.durable_image()).unwrap(),
+        (3, true)
+    );
+    let log = at_checkpoint_3.log().durable_image();
+    assert_eq!(LogLayout::read(&log).cycle, Some(3));
+    assert_eq!(
+        LogLayout::read(&log).last(),
+        Some(3),
+        "frame 3 is still there"
+    );
+
+    // Frame 4 (k2's completion, as long) written over frame 3 and torn by a power loss inside
+    // its sync: its first sector lost, the others kept. Never acknowledged; frame 3 no longer
+    // reads.
+    disk.hold_syncs(true);
+    let db = Arc::new(db);
+    let completing = {
+        let db = Arc::clone(&db);
+        std::thread::spawn(move || db.complete(&k2, vec![b'y'; 3000]))
+    };
+    assert!(disk.wait_for_held(1, Duration::from_secs(10)));
+    assert_eq!(disk.log().pending(), 1, "one write pending: frame 4");
+    // The database file's pending writes, if any, are lost (they come first).
+    let in_database = disk.pending();
+    let torn = disk.crash_disk(|i| {
+        if i < in_database {
+            Fate::Drop
+        } else {
+            Fate::Tear(!1)
+        }
+    });
+    disk.kill();
+    assert!(
+        completing.join().unwrap().is_err(),
+        "the torn completion was acknowledged"
+    );
+    drop(db);
+    let torn_log = torn.log().durable_image();
+    assert_eq!(LogLayout::read(&torn_log).last(), None, "no frame reads");
+
+    for (what, log) in [
+        ("frame 4 torn over frame 3", torn_log),
+        ("frame 3 there", log),
+    ] {
+        let restored = FaultBackend::from_images(copy.clone(), log.clone());
+        let problem = refused_in(what, open_quiet(&restored), |db| {
+            format!("k1 {:?}, its completion acknowledged", state(db, "k1"))
+        });
+        assert_eq!(
+            problem,
+            LogProblem::FramesMissing {
+                checkpoint: 2,
+                resumes_at: 4
+            },
+            "{what}"
+        );
+        assert!(restored.log().live_image() == log, "the log was changed");
+        // The database file as it was: everything acknowledged is there.
+        let current = FaultBackend::from_images(at_checkpoint_3.durable_image(), log);
+        let db = open_quiet(&current).unwrap();
+        assert_eq!(
+            db.reserve(&scope(), &Key::new("k1"), b"p", LEASE).unwrap(),
+            ReserveOutcome::Completed(vec![b'x'; 3000]),
+            "{what}"
+        );
+        assert_eq!(state(&db, "k2"), Some(RecordState::InProgress), "{what}");
+    }
+}
+
+/// Where the header and payload of the frame at `at` end (its payload length is bytes 4..8
+/// of its header, docs/design.md §5.6); past it, the zeros padding it to a sector.
+fn frame_data_end(log: &[u8], at: u64) -> u64 {
+    let at = at as usize;
+    let payload = u32::from_le_bytes(log[at + 4..at + 8].try_into().unwrap());
+    (at + 32) as u64 + u64::from(payload)
+}
+
+/// A log is never shorter than the length the database file recorded for it (it grows only
+/// by a durable zero-fill and a durable commit recording the new length), so a log cut by
+/// even one byte was cut, and the cut may have taken the end of an acknowledged frame: here
+/// a completion's frame ends at the log's last byte, and a cut of 1, 100 or 511 bytes makes
+/// it read as a torn frame. Refused (`Cut`). Catches the mutant that sees only cuts of a
+/// sector or more (wal/scan.rs, `examine_in_use`: `seen.len < state.len` →
+/// `seen.len + 512 <= state.len`), which opens without the acknowledged completion.
+#[test]
+fn a_log_cut_by_less_than_a_sector_is_refused() {
+    // A log of 4 KiB: its header, its cycle sector and six sectors of frames.
+    let open = |disk: &FaultBackend| {
+        IdemDb::builder()
+            .clock(ManualClock::new(T0))
+            .checkpoint_interval(Duration::from_secs(3600))
+            .checkpoint_bytes(1 << 30)
+            .log_step(4096)
+            .open_with_backend(disk.clone(), disk.log())
+    };
+    let len = 4096;
+    // `k` reserved, then completed with `response_len` bytes: the completion's frame (its size
+    // grows with the response byte for byte) measured on a probe, then sized to end at the
+    // log's last byte.
+    let run = |response_len: usize| {
+        let backend = FaultBackend::new();
+        let db = open(&backend).unwrap();
+        let r = acquired(db.reserve(&scope(), &Key::new("k"), b"p", LEASE).unwrap());
+        db.complete(&r, vec![b'x'; response_len]).unwrap();
+        let log = backend.log().live_image();
+        assert_eq!(log.len(), len, "the log grew");
+        let (at, _, seq) = *LogLayout::read(&log).run.last().unwrap();
+        assert_eq!(seq, 2);
+        (backend, db, frame_data_end(&log, at))
+    };
+    let (_, _, probe_end) = run(1000);
+    let response_len = 1000 + len - probe_end as usize;
+    let (backend, db, end) = run(response_len);
+    assert_eq!(
+        end, len as u64,
+        "the completion's frame ends before the log's end"
+    );
+    let disk = power_loss_now(&backend, db);
+    let log = disk.log().durable_image();
+    for cut in [1, 100, 511] {
+        let short = log[..len - cut].to_vec();
+        let cut_disk = FaultBackend::from_images(disk.durable_image(), short.clone());
+        let what = format!("cut by {cut} bytes");
+        let problem = refused_in(&what, open(&cut_disk), |db| {
+            format!("k {:?}, its completion acknowledged", state(db, "k"))
+        });
+        assert_eq!(
+            problem,
+            LogProblem::Cut {
+                len: (len - cut) as u64,
+                expected: len as u64
+            },
+            "{what}"
+        );
+        assert!(cut_disk.log().live_image() == short, "the log was changed");
+    }
+    // Whole, it holds the completion.
+    let db = open(&disk).unwrap();
+    assert_eq!(
+        db.reserve(&scope(), &Key::new("k"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(vec![b'x'; response_len])
+    );
+}
+
+/// A damaged cycle sector is accepted only in the state a crash leaves between a checkpoint's
+/// commit and the sector's rewrite, where the run at the log's start passes through the
+/// checkpoint (its old cycle is whole up to it). Refused (`HeaderDamaged`) when the run's
+/// frames all follow the checkpoint, none equal to it: a sector damaged after the cycle
+/// began, or one older than the frames behind it (a cycle it never announced). Catches the
+/// mutant that takes any frame at or above the checkpoint as reaching it (wal/scan.rs,
+/// `examine_in_use`: `f.seq == c` → `f.seq >= c`), which opens both refused states.
+#[test]
+fn a_damaged_or_older_cycle_sector_is_refused_unless_the_run_passes_through_the_checkpoint() {
+    // The file's checkpoint 0, the cycle sector 0, frames 1 to 8.
+    let run = logged_run();
+    let (first, log) = (run.after.durable_image(), run.after.log().durable_image());
+    assert_eq!(LogLayout::read(&log).cycle, Some(0));
+    let mut damaged = log.clone();
+    damaged[SECTOR + 9] ^= 0x01;
+    assert_eq!(LogLayout::read(&damaged).cycle, None);
+    assert_eq!(LogLayout::read(&damaged).last(), Some(8));
+
+    // Reopened (checkpoint 8, the cycle sector says so), then frames 9 and 10 from the log's
+    // start; the cycle sector put back as it was before (0), or damaged.
+    let db = open_unchecked(&run.after).unwrap();
+    let r = acquired(db.reserve(&scope(), &Key::new("k4"), b"p", LEASE).unwrap());
+    db.complete(&r, b"ok".to_vec()).unwrap();
+    let next = power_loss_now(&run.after, db);
+    let next_log = next.log().durable_image();
+    assert_eq!(LogLayout::read(&next_log).cycle, Some(8));
+    let mut older = next_log.clone();
+    older[SECTOR..2 * SECTOR].copy_from_slice(&log[SECTOR..2 * SECTOR]);
+    let mut next_damaged = next_log.clone();
+    next_damaged[SECTOR + 9] ^= 0x01;
+    for layout in [LogLayout::read(&older), LogLayout::read(&next_damaged)] {
+        let seqs: Vec<u64> = layout.run.iter().map(|(_, _, s)| *s).collect();
+        assert_eq!(seqs, [9, 10]);
+    }
+    for (what, db_image, log) in [
+        (
+            "damaged, frames 1.. after checkpoint 0",
+            first.clone(),
+            damaged,
+        ),
+        (
+            "older (0), frames 9.. after checkpoint 8",
+            next.durable_image(),
+            older,
+        ),
+        (
+            "damaged, frames 9.. after checkpoint 8",
+            next.durable_image(),
+            next_damaged,
+        ),
+    ] {
+        let disk = FaultBackend::from_images(db_image, log.clone());
+        let problem = refused_in(what, open_unchecked(&disk), |db| {
+            format!("{} frames replayed", db.stats().replayed_frames)
+        });
+        assert_eq!(problem, LogProblem::HeaderDamaged, "{what}");
+        assert!(
+            disk.log().live_image() == log,
+            "{what}: the log was changed"
+        );
+    }
+
+    // A crash between the checkpoint of an open (8) and the cycle sector's rewrite: the log's
+    // sync fails, so the rewrite never reaches the disk. The run passes through 8: it opens,
+    // the rewrite damaged or not, with everything.
+    let crashing = FaultBackend::from_images(first, log);
+    crashing.inject(Fault::FileSync {
+        log: true,
+        after: 0,
+    });
+    assert!(open_unchecked(&crashing).is_err());
+    let crashed = crashing.durable_disk();
+    let mut log = crashed.log().durable_image();
+    assert_eq!(
+        LogLayout::read(&log).cycle,
+        Some(0),
+        "the rewrite reached the disk"
+    );
+    assert_eq!(recorded_log(&crashed.durable_image()).unwrap(), (8, true));
+    for damage in [false, true] {
+        if damage {
+            log[SECTOR + 9] ^= 0x01;
+        }
+        let disk = FaultBackend::from_images(crashed.durable_image(), log.clone());
+        let db = open_unchecked(&disk).unwrap_or_else(|e| panic!("damaged {damage}: {e}"));
+        assert_eq!(db.stats().replayed_frames, 0);
+        assert_first_three_completed(&db);
+        assert_eq!(
+            db.reserve(&scope(), &Key::new("k3"), b"p", LEASE).unwrap(),
+            ReserveOutcome::Completed(vec![b'x'; 3000])
+        );
+    }
 }

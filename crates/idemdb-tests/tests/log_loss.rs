@@ -205,6 +205,31 @@ fn killed_then_log_cut_inside_its_frames_is_refused() {
     restore_and_open(&mut files, &saved);
 }
 
+/// Cut by less than a sector (1, 100 or 511 bytes off its end, in the zeros past its
+/// frames): still shorter than the length the database recorded, which no crash makes it.
+/// Catches the mutant that sees only cuts of a sector or more (wal/scan.rs,
+/// `examine_in_use`: `seen.len < state.len` → `seen.len + 512 <= state.len`).
+#[test]
+fn killed_then_log_cut_by_less_than_a_sector_is_refused() {
+    let mut files = Files::new();
+    files.kill_after(150);
+    let saved = files.log_bytes().unwrap();
+    let len = saved.len() as u64;
+    for cut_by in [1, 100, 511] {
+        fs::write(&files.log, &saved).unwrap();
+        cut(&files.log, len - cut_by);
+        let problem = files.refused(|p| matches!(p, LogProblem::Cut { .. }));
+        assert_eq!(
+            problem,
+            LogProblem::Cut {
+                len: len - cut_by,
+                expected: len
+            }
+        );
+    }
+    restore_and_open(&mut files, &saved);
+}
+
 #[test]
 fn killed_then_log_rolled_back_past_a_checkpoint_is_refused() {
     let mut files = Files::new();
@@ -274,6 +299,22 @@ fn killed_then_log_header_damaged_is_refused() {
     patch(&files.log, |b| b[20] ^= 0x01);
     files.refused(|p| matches!(p, LogProblem::HeaderDamaged));
     patch(&files.log, |b| b[..512].fill(0));
+    files.refused(|p| matches!(p, LogProblem::HeaderDamaged));
+    restore_and_open(&mut files, &saved);
+}
+
+/// The cycle sector damaged (a flipped bit) while the run after it starts above the
+/// checkpoint: not the torn rewrite a crash between a checkpoint's commit and the sector's
+/// rewrite leaves (the run would pass through the checkpoint), so refused. Catches the
+/// mutant that takes any frame at or above the checkpoint as reaching it (wal/scan.rs,
+/// `examine_in_use`: `f.seq == c` → `f.seq >= c`).
+#[test]
+fn killed_then_log_cycle_sector_damaged_is_refused() {
+    let mut files = Files::new();
+    files.kill_after(150);
+    let saved = files.log_bytes().unwrap();
+    // Byte 9 of the cycle sector: its checkpoint, under its checksum.
+    patch(&files.log, |b| b[512 + 9] ^= 0x01);
     files.refused(|p| matches!(p, LogProblem::HeaderDamaged));
     restore_and_open(&mut files, &saved);
 }
