@@ -14,7 +14,7 @@
 //!   replay.
 //! - An IN_PROGRESS record carries a lease; after it runs out a duplicate takes over with a
 //!   higher [`FencingToken`], and the old owner's late calls are refused with
-//!   [`Refusal::Fenced`](crate::Refusal::Fenced).
+//!   [`Refusal::Fenced`].
 //! - [`IdemDb::execute`] and [`IdemDb::complete_with`] commit the record together with the
 //!   caller's own redb tables, in one transaction.
 //! - Every outcome returned is durable. Writes from concurrent callers share fsyncs (group

@@ -21,7 +21,7 @@ use crate::record::{Record, RecordState};
 use crate::records::partition::partition_names;
 use idemdb_core::scope::{Key, RecordKey, Scope};
 
-/// Which records [`IdemDb::scan`] visits. The default visits every record that counts (not
+/// Which records [`IdemDb::scan`](crate::IdemDb::scan) visits. The default visits every record that counts (not
 /// expired), of every state and operation.
 ///
 /// ```
@@ -110,7 +110,7 @@ pub enum StoredIn {
     },
 }
 
-/// One record visited by [`IdemDb::scan`]: its name, decoded from the stored key, and the
+/// One record visited by [`IdemDb::scan`](crate::IdemDb::scan): its name, decoded from the stored key, and the
 /// record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -140,7 +140,7 @@ pub struct ScanSummary {
     pub stopped: bool,
 }
 
-/// Visits the records of `txn` that `filter` selects, expiry judged at `now` ([`IdemDb::scan`]
+/// Visits the records of `txn` that `filter` selects, expiry judged at `now` ([`IdemDb::scan`](crate::IdemDb::scan)
 /// says what a caller sees).
 pub(crate) fn scan(
     txn: &ReadTransaction,

@@ -33,7 +33,7 @@ impl IdemDb {
     /// the two-step flow for outside side effects.
     ///
     /// ```
-    /// use idemdb::redb::{ReadableTable, TableDefinition};
+    /// use idemdb::redb::{ReadableTableMetadata, TableDefinition};
     /// use idemdb::{ExecuteOutcome, IdemDb, Key, Outcome, Scope};
     ///
     /// const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");

@@ -14,7 +14,7 @@ use crate::records::horizon::{HORIZON, decode_tags, is_source, row_source};
 use crate::records::partition::{PartitionName, partition_names};
 use idemdb_core::scope::RecordKey;
 
-/// What [`IdemDb::verify`] read and what it found wrong.
+/// What [`IdemDb::verify`](crate::IdemDb::verify) read and what it found wrong.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerifyReport {
@@ -46,7 +46,7 @@ impl VerifyReport {
     }
 }
 
-/// One thing [`IdemDb::verify`] found wrong.
+/// One thing [`IdemDb::verify`](crate::IdemDb::verify) found wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Problem {
@@ -58,7 +58,7 @@ pub struct Problem {
     pub what: String,
 }
 
-/// Checks every stored entry of idemdb's tables in `txn`, at `now` ([`IdemDb::verify`] says
+/// Checks every stored entry of idemdb's tables in `txn`, at `now` ([`IdemDb::verify`](crate::IdemDb::verify) says
 /// what is checked).
 pub(crate) fn verify(
     txn: &ReadTransaction,

@@ -143,7 +143,7 @@ async fn assert_all_refused<S: Store>(
     ];
     for (what, result) in results {
         match result {
-            Err(e) if e.refusal().is_some_and(|r| expected(&r)) => {}
+            Err(e) if e.refusal().is_some_and(&expected) => {}
             other => panic!("{what}: unexpected {other:?}"),
         }
         assert_eq!(
