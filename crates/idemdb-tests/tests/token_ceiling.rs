@@ -72,19 +72,24 @@ fn the_database_file_alone_bounds_every_token_issued() {
     assert!(durable_ceiling(&backend) > known);
     // And after a power loss, tokens resume above every token issued.
     let disk = common::power_loss_now(&backend, Arc::into_inner(db).unwrap());
+    assert!(first_token_after_open(&disk) > known);
+}
+
+/// The token of the first reservation after `disk` is opened again.
+fn first_token_after_open(disk: &FaultBackend) -> u64 {
     let db = IdemDb::builder()
         .open_with_backend(disk.clone(), disk.log())
         .unwrap();
     let r = acquired(
         db.reserve(
             &Scope::new("op", "p"),
-            &Key::new("after"),
+            &Key::new("probe"),
             b"p",
             common::LEASE,
         )
         .unwrap(),
     );
-    assert!(r.token().get() > known);
+    r.token().get()
 }
 
 /// How long a test waits for threads to reach a point before it fails.
@@ -185,22 +190,10 @@ fn tokens_of_a_batch_needing_more_than_half_a_block_are_not_issued_again_after_i
     log[2 * SECTOR..].fill(0);
     let zeroed = FaultBackend::from_images(disk.durable_image(), log);
     for (what, disk) in [("the log intact", disk), ("its frames zeroed", zeroed)] {
-        let db = IdemDb::builder()
-            .open_with_backend(disk.clone(), disk.log())
-            .unwrap();
-        let probe = acquired(
-            db.reserve(
-                &Scope::new("op", "p"),
-                &Key::new("probe"),
-                b"p",
-                common::LEASE,
-            )
-            .unwrap(),
-        );
+        let probe = first_token_after_open(&disk);
         assert!(
-            probe.token().get() > max,
-            "{what}: token {} issued again (the batch's went up to {max})",
-            probe.token()
+            probe > max,
+            "{what}: token {probe} issued again (the batch's went up to {max})"
         );
     }
 }
