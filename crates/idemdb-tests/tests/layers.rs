@@ -172,6 +172,12 @@ const UNITS: &[Unit] = &[
         layers: BENCH_RETENTION,
     },
     Unit {
+        name: "bench scale",
+        dir: "../idemdb-bench/benches/scale",
+        at_least: 10,
+        layers: BENCH_SCALE,
+    },
+    Unit {
         name: "bench tail",
         dir: "../idemdb-bench/benches/tail",
         at_least: 9,
@@ -221,6 +227,13 @@ const BENCH_RETENTION: &[(&str, &[&str])] = &[
     ),
     ("the baselines and opening", &["naive", "sqlite", "open"]),
     ("the cells", &["drop", "absence", "stall"]),
+];
+const BENCH_SCALE: &[(&str, &[&str])] = &[
+    ("shared: keys, quantiles, the report's pieces", &["shared"]),
+    ("what is stored, and when", &["settings"]),
+    ("the load", &["load"]),
+    ("the measurements, each in a process of its own", &["probe"]),
+    ("the table", &["report"]),
 ];
 const BENCH_TAIL: &[(&str, &[&str])] = &[
     (

@@ -1,0 +1,108 @@
+//! idemdb at the sizes its horizon implies: a 24 h to 7 day retention at 100 to 1,000 requests
+//! a second holds millions to hundreds of millions of records. For each size (1M, 10M and 50M
+//! records by default; `IDEMDB_SCALE_RECORDS=1000000,10000000` to choose) the bench:
+//!
+//! 1. loads a new store with that many completed records (100-byte requests, 200-byte
+//!    responses, 7-day TTL, default partitions), 64 callers, the clock moving through one
+//!    simulated day (`load.rs`): load rate, the loading process's resident memory, file size;
+//! 2. drops the page cache (root only; the table says when it could not) and opens the store in
+//!    a new process: open time, resident memory after the open and its peak, then replays of
+//!    up to 500,000 random stored keys by one caller for 10 s (rate, p50, p99), then 2,000
+//!    reserves of fresh keys (p50, p99), against the same on an empty database (`probe.rs`);
+//! 3. opens it again in a new process, the page cache warm: open time and memory;
+//! 4. opens the same file with plain redb, and reads the same keys in the partition that
+//!    holds each, as if finding the partition were free: the anchor for open and replays.
+//!
+//! Each measurement runs in a process of its own (this binary, `IDEMDB_SCALE_PROBE` set), so
+//! nothing the load left in memory is counted. Not criterion: every figure is one process's
+//! one run. Run by hand, not in CI's time: `cargo bench -p idemdb-bench --bench scale` (about
+//! 45 minutes and 30 GB of disk for the default sizes). The files live in
+//! `IDEMDB_SCALE_DIR` (default: the system's temp dir), outside the repository, and are
+//! removed after each size unless `IDEMDB_SCALE_KEEP=1`. The table is printed and written to
+//! `target/bench-results/scale.md`. Under `cargo test --benches` one tiny size runs, and nothing
+//! is written.
+
+mod load;
+mod probe;
+mod report;
+mod settings;
+#[path = "../shared/mod.rs"]
+mod shared;
+
+use std::path::PathBuf;
+
+use report::{Report, Row};
+
+fn main() {
+    if probe::run_if_probe() {
+        return;
+    }
+    let test_mode = shared::is_test_mode();
+    let plan = settings::plan(test_mode);
+    let root = match std::env::var_os("IDEMDB_SCALE_DIR") {
+        Some(dir) => tempfile::Builder::new()
+            .prefix("idemdb-scale-")
+            .tempdir_in(PathBuf::from(dir))
+            .expect("a directory in IDEMDB_SCALE_DIR"),
+        None => shared::temp_root("idemdb-scale-"),
+    };
+    let keep = std::env::var_os("IDEMDB_SCALE_KEEP").is_some_and(|v| v == "1");
+    let mut report = Report::default();
+
+    let empty = root.path().join("empty.idemdb");
+    drop(load::open(
+        &empty,
+        &idemdb::ManualClock::new(load::day_end()),
+    ));
+    report.empty = Some(probe::run(
+        probe::Job::Idemdb {
+            replay: std::time::Duration::ZERO,
+            fresh: plan.fresh_reserves,
+        },
+        &empty,
+        0,
+    ));
+
+    for &records in &plan.sizes {
+        let path = root.path().join(format!("scale-{records}.idemdb"));
+        println!("{records} records: loading into {}", path.display());
+        let loaded = load::fill(&path, records);
+        let cold = plan.drop_page_cache && probe::drop_page_cache();
+        let idemdb = probe::Job::Idemdb {
+            replay: plan.replay_time,
+            fresh: plan.fresh_reserves,
+        };
+        let first = probe::run(idemdb, &path, records);
+        let warm = probe::Job::Idemdb {
+            replay: std::time::Duration::ZERO,
+            fresh: 0,
+        };
+        let warm = probe::run(warm, &path, records);
+        let redb = probe::run(
+            probe::Job::Redb {
+                replay: plan.replay_time,
+            },
+            &path,
+            records,
+        );
+        println!("  first open {first}\n  warm open {warm}\n  plain redb {redb}");
+        report.rows.push(Row {
+            records,
+            loaded,
+            cold,
+            first,
+            warm,
+            redb,
+        });
+        if !keep {
+            let mut log = path.as_os_str().to_owned();
+            log.push("-wal");
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(PathBuf::from(log));
+        }
+    }
+    if keep {
+        println!("kept: {}", root.keep().display());
+    }
+    report.publish(test_mode);
+}

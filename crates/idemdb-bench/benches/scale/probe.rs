@@ -1,0 +1,236 @@
+//! The measurements of a loaded store, each in a process of its own, so that the open, its
+//! memory and the reads that follow start from nothing the load left behind: open time and
+//! resident memory, replays of random stored keys, reserves of fresh keys; and plain redb on
+//! the same file, as the anchor.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use idemdb::redb::{self, ReadableDatabase, TableDefinition};
+use idemdb::{Builder, Key, ManualClock, ReserveOutcome};
+use serde_json::{Value, json};
+
+use crate::load::{self, day_end, peak_rss_bytes, rss_bytes, scope, written_at};
+use crate::settings::{LEASE, REQUEST, RESPONSE, TTL};
+use crate::shared::keys::{Rng, fresh_id, key_bytes};
+use crate::shared::nanos;
+
+/// The environment variable that makes the bench binary a probe: its value is the job.
+const CHILD: &str = "IDEMDB_SCALE_PROBE";
+
+/// One measurement of a store at `path` holding `records` records.
+#[derive(Clone, Copy)]
+pub enum Job {
+    /// Open idemdb; then, for `replay` (if not zero), replays of random stored keys; then
+    /// `fresh` reserves of keys never stored.
+    Idemdb { replay: Duration, fresh: usize },
+    /// Plain redb: open the same file, then point reads of random stored keys in the
+    /// partition that holds each (as if the key's partition were known for free).
+    Redb { replay: Duration },
+}
+
+/// Runs `job` in a new process of this binary and returns what it printed.
+pub fn run(job: Job, path: &Path, records: u64) -> Value {
+    let spec = match job {
+        Job::Idemdb { replay, fresh } => {
+            json!({"kind": "idemdb", "replay_ms": replay.as_millis() as u64, "fresh": fresh})
+        }
+        Job::Redb { replay } => json!({"kind": "redb", "replay_ms": replay.as_millis() as u64}),
+    };
+    let spec = json!({"job": spec, "path": path, "records": records});
+    let out = Command::new(std::env::current_exe().expect("this binary"))
+        .env(CHILD, spec.to_string())
+        .output()
+        .expect("start a probe");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "probe failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .expect("the probe's result line");
+    serde_json::from_str(line).expect("the probe's result")
+}
+
+/// In a probe: runs the job its environment names, prints the result, and says it did.
+pub fn run_if_probe() -> bool {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return false;
+    };
+    let spec: Value = serde_json::from_str(&spec).expect("probe spec");
+    let path = PathBuf::from(spec["path"].as_str().expect("path"));
+    let records = spec["records"].as_u64().expect("records");
+    let job = &spec["job"];
+    let replay = Duration::from_millis(job["replay_ms"].as_u64().unwrap_or(0));
+    let result = match job["kind"].as_str() {
+        Some("idemdb") => idemdb(
+            &path,
+            records,
+            replay,
+            job["fresh"].as_u64().unwrap_or(0) as usize,
+        ),
+        Some("redb") => plain_redb(&path, records, replay),
+        other => panic!("unknown probe {other:?}"),
+    };
+    println!("RESULT {result}");
+    true
+}
+
+/// The records a probe replays, in this order: `MAX_PROBES` random ones at most (a repeat
+/// only by chance).
+fn probe_ids(records: u64) -> Vec<u64> {
+    let mut rng = Rng::new(records);
+    (0..MAX_PROBES.min(records))
+        .map(|_| rng.below(records))
+        .collect()
+}
+
+/// How many random records a probe replays at most: few enough that each is read once (none
+/// answered from memory an earlier read of the same key filled), many enough for 10 s.
+const MAX_PROBES: u64 = 500_000;
+
+/// Latencies in ns, sorted: (ops per second over `spent`, p50, p99).
+fn summary(mut ns: Vec<u64>, spent: Duration) -> Value {
+    ns.sort_unstable();
+    let q = |q: f64| crate::shared::report::quantile(&ns, q).unwrap_or(0.0);
+    json!({
+        "ops": ns.len(),
+        "per_s": ns.len() as f64 / spent.as_secs_f64().max(1e-9),
+        "p50_ns": q(0.5),
+        "p99_ns": q(0.99),
+    })
+}
+
+fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize) -> Value {
+    let clock = ManualClock::new(day_end());
+    let started = Instant::now();
+    let db = load::open(path, &clock);
+    let open_ms = started.elapsed().as_secs_f64() * 1e3;
+    let rss_open = rss_bytes();
+    let peak_open = peak_rss_bytes();
+    let stats = db.stats();
+    let scope = scope();
+    let mut lat = Vec::new();
+    let t = Instant::now();
+    for id in probe_ids(records) {
+        if t.elapsed() >= replay {
+            break;
+        }
+        let key = Key::new(key_bytes(id));
+        let op = Instant::now();
+        let answer = db
+            .reserve(&scope, &key, &REQUEST[..], LEASE)
+            .expect("replay");
+        lat.push(nanos(op.elapsed()));
+        assert_eq!(
+            answer,
+            ReserveOutcome::Completed(RESPONSE.to_vec()),
+            "record {id}"
+        );
+    }
+    let replays = summary(lat, t.elapsed());
+    let mut lat = Vec::with_capacity(fresh);
+    let t = Instant::now();
+    for _ in 0..fresh {
+        let key = Key::new(key_bytes(fresh_id()));
+        let op = Instant::now();
+        let answer = db
+            .reserve(&scope, &key, &REQUEST[..], LEASE)
+            .expect("fresh reserve");
+        lat.push(nanos(op.elapsed()));
+        assert!(matches!(answer, ReserveOutcome::Acquired(_)), "{answer:?}");
+    }
+    let reserves = summary(lat, t.elapsed());
+    json!({
+        "open_ms": open_ms,
+        "rss_after_open": rss_open,
+        "peak_rss_open": peak_open,
+        "indexed_keys": stats.indexed_keys,
+        "stored_records": stats.stored_records,
+        "partitions": stats.partitions,
+        "replays": replays,
+        "fresh_reserves": reserves,
+        "rss_after_reads": rss_bytes(),
+    })
+}
+
+/// The table of the partition that holds record `id`: the window of its write, or a later
+/// one. The load's clock only moves forward, so a caller that fell behind the others writes
+/// at their time; with records milliseconds apart that is the same window or the next.
+fn table_of(txn: &redb::ReadTransaction, id: u64, records: u64) -> String {
+    let width = Builder::DEFAULT_PARTITION_WIDTH.as_millis() as u64;
+    let ttl = TTL.as_millis() as u64;
+    let key = stored_key(id);
+    let first = written_at(id, records) / width * width;
+    (first..=day_end())
+        .step_by(width as usize)
+        .map(|start| format!("idemdb_p_{start:020}_{width}_{ttl}"))
+        .find(|name| {
+            txn.open_table(TableDefinition::<&[u8], &[u8]>::new(name))
+                .is_ok_and(|t| {
+                    redb::ReadableTable::get(&t, key.as_slice()).is_ok_and(|v| v.is_some())
+                })
+        })
+        .unwrap_or_else(|| panic!("record {id} in no partition of the day from its window on"))
+}
+
+/// idemdb's stored key of record `id`: length-prefixed operation and principal, then the key.
+fn stored_key(id: u64) -> Vec<u8> {
+    let mut k = Vec::new();
+    for part in [
+        crate::shared::keys::OPERATION,
+        crate::shared::keys::PRINCIPAL,
+    ] {
+        k.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        k.extend_from_slice(part.as_bytes());
+    }
+    k.extend_from_slice(&key_bytes(id));
+    k
+}
+
+fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
+    let started = Instant::now();
+    let db = redb::Builder::new().open(path).expect("open with redb");
+    let open_ms = started.elapsed().as_secs_f64() * 1e3;
+    let rss_open = rss_bytes();
+    let txn = db.begin_read().expect("read");
+    // Where each probed key is, found before the clock starts (the same keys, in the same
+    // order, as idemdb's replays).
+    let found_by = Instant::now() + replay;
+    let probes: Vec<(Vec<u8>, String)> = probe_ids(records)
+        .into_iter()
+        .take_while(|_| Instant::now() < found_by)
+        .map(|id| (stored_key(id), table_of(&txn, id, records)))
+        .collect();
+    let mut lat = Vec::new();
+    let t = Instant::now();
+    for (key, table) in &probes {
+        if t.elapsed() >= replay {
+            break;
+        }
+        let op = Instant::now();
+        let table = txn
+            .open_table(TableDefinition::<&[u8], &[u8]>::new(table))
+            .expect("table");
+        let found = redb::ReadableTable::get(&table, key.as_slice()).expect("get");
+        lat.push(nanos(op.elapsed()));
+        assert!(found.is_some());
+    }
+    json!({
+        "open_ms": open_ms,
+        "rss_after_open": rss_open,
+        "replays": summary(lat, t.elapsed()),
+    })
+}
+
+/// Asks the kernel to drop its page cache (clean pages), so that the next open reads the file
+/// from the disk. Says whether it could (root only).
+pub fn drop_page_cache() -> bool {
+    let synced = Command::new("sync").status().is_ok_and(|s| s.success());
+    synced && std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}

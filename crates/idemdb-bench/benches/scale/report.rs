@@ -1,0 +1,192 @@
+//! The scale bench's table: one row per size, printed and written to
+//! `target/bench-results/scale.md`.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::load::Loaded;
+use crate::shared::report::{
+    fmt_val, machine, table_row, target_dir, write_machine, write_targets,
+};
+
+/// One size's figures.
+pub struct Row {
+    pub records: u64,
+    pub loaded: Loaded,
+    /// Whether the page cache was dropped before the cold open.
+    pub cold: bool,
+    /// idemdb opened first after the load (cold if `cold`), then replays and fresh reserves.
+    pub first: Value,
+    /// idemdb opened again at once (page cache warm).
+    pub warm: Value,
+    /// Plain redb on the same file: open, point reads in the right partition.
+    pub redb: Value,
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    /// Fresh reserves on an empty database: the baseline of the fresh-reserve column.
+    pub empty: Option<Value>,
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.0}", bytes / (1024.0 * 1024.0))
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    path.iter()
+        .fold(v, |v, p| &v[*p])
+        .as_f64()
+        .unwrap_or(f64::NAN)
+}
+
+fn us(ns: f64) -> String {
+    fmt_val(Some(ns / 1e3), 1)
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        write_machine(&mut md, &machine());
+        let empty_p50 = self
+            .empty
+            .as_ref()
+            .map_or(f64::NAN, |e| f(e, &["fresh_reserves", "p50_ns"]));
+        let _ = writeln!(
+            md,
+            "\nRecords of 100-byte requests and 200-byte responses, 7-day TTL, default partitions (10 s), \
+             written by 64 callers over one simulated day. Each measurement runs in a process of its own. \
+             A fresh reserve on an empty database: p50 {} µs.\n",
+            us(empty_p50)
+        );
+        table_row(
+            &mut md,
+            &[
+                "records",
+                "load, lifecycles/s",
+                "RSS after load, MiB",
+                "file, bytes/record",
+                "open, first (cold?), ms",
+                "open, warm, ms",
+                "plain redb open, ms",
+                "RSS after open, MiB (peak)",
+                "indexed keys",
+                "replays/s, 1 caller",
+                "replay p50 / p99, µs",
+                "plain redb point reads/s (partition known)",
+                "fresh reserve p50 / p99, µs",
+                "fresh p50 ÷ empty",
+            ],
+        );
+        table_row(&mut md, &["--:"; 14]);
+        for r in &self.rows {
+            let n = r.records as f64;
+            let fresh_p50 = f(&r.first, &["fresh_reserves", "p50_ns"]);
+            table_row(
+                &mut md,
+                &[
+                    fmt_val(Some(n), 0),
+                    fmt_val(Some(n / r.loaded.took.as_secs_f64()), 0),
+                    mib(r.loaded.rss as f64),
+                    fmt_val(Some(r.loaded.file_bytes as f64 / n), 0),
+                    format!(
+                        "{} ({})",
+                        fmt_val(Some(f(&r.first, &["open_ms"])), 0),
+                        if r.cold { "cold" } else { "warm" }
+                    ),
+                    fmt_val(Some(f(&r.warm, &["open_ms"])), 0),
+                    fmt_val(Some(f(&r.redb, &["open_ms"])), 0),
+                    format!(
+                        "{} ({})",
+                        mib(f(&r.warm, &["rss_after_open"])),
+                        mib(f(&r.warm, &["peak_rss_open"]))
+                    ),
+                    fmt_val(Some(f(&r.warm, &["indexed_keys"])), 0),
+                    fmt_val(Some(f(&r.first, &["replays", "per_s"])), 0),
+                    format!(
+                        "{} / {}",
+                        us(f(&r.first, &["replays", "p50_ns"])),
+                        us(f(&r.first, &["replays", "p99_ns"]))
+                    ),
+                    fmt_val(Some(f(&r.redb, &["replays", "per_s"])), 0),
+                    format!(
+                        "{} / {}",
+                        us(fresh_p50),
+                        us(f(&r.first, &["fresh_reserves", "p99_ns"]))
+                    ),
+                    format!("{:.2}×", fresh_p50 / empty_p50),
+                ],
+            );
+        }
+        self.targets(&mut md, empty_p50);
+        md
+    }
+
+    /// The targets, at the largest size measured.
+    fn targets(&self, md: &mut String, empty_p50: f64) {
+        let Some(r) = self.rows.iter().max_by_key(|r| r.records) else {
+            return;
+        };
+        let n = r.records as f64;
+        let open = f(&r.first, &["open_ms"]);
+        let base = self
+            .empty
+            .as_ref()
+            .map_or(0.0, |e| f(e, &["rss_after_open"]));
+        let per_record = (f(&r.warm, &["rss_after_open"]) - base) / n;
+        let replays = f(&r.first, &["replays", "per_s"]);
+        let fresh = f(&r.first, &["fresh_reserves", "p50_ns"]) / empty_p50;
+        let lines = [
+            (
+                format!(
+                    "open ≤ 1 s at {} records, {}",
+                    fmt_val(Some(n), 0),
+                    if r.cold {
+                        "page cache dropped"
+                    } else {
+                        "page cache warm (not dropped)"
+                    }
+                ),
+                format!("{open:.0} ms"),
+                open <= 1000.0,
+            ),
+            (
+                "resident memory after open ≤ 2 B per record above an empty database's".to_string(),
+                format!("{per_record:.1} B/record"),
+                per_record <= 2.0,
+            ),
+            (
+                "≥ 100,000 replays/s at 1 caller".to_string(),
+                fmt_val(Some(replays), 0),
+                replays >= 100_000.0,
+            ),
+            (
+                "fresh reserve p50 ≤ 1.2× the empty database's".to_string(),
+                format!("{fresh:.2}×"),
+                fresh <= 1.2,
+            ),
+        ];
+        write_targets(
+            md,
+            lines
+                .iter()
+                .map(|(t, m, ok)| (t.as_str(), m.as_str(), Some(*ok))),
+        );
+    }
+
+    /// Prints the table and, unless `test_mode`, writes it to `target/bench-results/scale.md`.
+    pub fn publish(&self, test_mode: bool) {
+        let md = self.markdown();
+        println!("\n{md}");
+        if test_mode {
+            return;
+        }
+        let dir = target_dir().join("bench-results");
+        std::fs::create_dir_all(&dir).expect("bench-results");
+        let path = dir.join("scale.md");
+        std::fs::write(&path, &md).expect("write scale.md");
+        println!("written: {}", path.display());
+    }
+}
