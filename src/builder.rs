@@ -38,7 +38,8 @@ pub struct Builder {
     clock: Arc<dyn Clock>,
     limits: Limits,
     writer: WriterConfig,
-    cache_size: Option<usize>,
+    cache_size: usize,
+    memory_budget: Option<u64>,
     verify_on_open: bool,
     retention: Retention,
     tables: TableRegistry,
@@ -52,7 +53,8 @@ impl Default for Builder {
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
             writer: WriterConfig::default(),
-            cache_size: None,
+            cache_size: crate::config::PAGE_CACHE_BYTES,
+            memory_budget: None,
             verify_on_open: true,
             retention: Retention::default(),
             tables: TableRegistry::default(),
@@ -248,9 +250,44 @@ impl Builder {
         self
     }
 
-    /// redb's page cache size in bytes (default: redb's).
+    /// redb's page cache in bytes (default 64 MiB). It holds the B-tree pages last read and
+    /// the pages written since the last checkpoint (at most half of it; more are written out
+    /// early). A larger cache speeds up replays of keys whose pages it then holds: at 10
+    /// million records, 101,000 replays/s at 1 GiB against 76,000 at 64 MiB
+    /// (docs/benchmarks.md §6).
     pub fn cache_size(mut self, bytes: usize) -> Self {
-        self.cache_size = Some(bytes);
+        self.cache_size = bytes;
+        self
+    }
+
+    /// The most memory an open may plan for (default: no limit): the page cache and the
+    /// replay cache at their limits, plus the key index and the beyond-horizon map at the
+    /// size the stored records need ([`MemoryUse`]). An open that would need more is
+    /// refused with [`Error::MemoryBudget`], which gives each part, before anything is
+    /// allocated for the records. What each record costs: docs/design.md §8.7.
+    ///
+    /// The budget is checked at open; records finished after it grow the key index (by 19 to
+    /// 39 bytes each), which [`Stats::memory`](crate::Stats::memory) shows.
+    ///
+    /// ```
+    /// # use idemdb::{Error, IdemDb};
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("db");
+    /// // The caches alone (64 MiB + 32 MiB) are over a 32 MiB budget.
+    /// let refused = IdemDb::builder().memory_budget(32 << 20).open(&path);
+    /// assert!(matches!(refused, Err(Error::MemoryBudget { .. })));
+    /// let db = IdemDb::builder()
+    ///     .cache_size(8 << 20)
+    ///     .replay_cache(4 << 20)
+    ///     .memory_budget(32 << 20)
+    ///     .open(&path)?;
+    /// assert_eq!(db.stats().memory.page_cache, 8 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`MemoryUse`]: crate::MemoryUse
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
         self
     }
 
@@ -338,6 +375,8 @@ impl Builder {
             tables: self.tables,
             accept_log_loss: self.accept_log_loss,
             replay_cache: self.replay_cache,
+            page_cache: self.cache_size,
+            memory_budget: self.memory_budget,
         };
         IdemDb::from_parts(db, log, settings, size)
     }
@@ -345,9 +384,7 @@ impl Builder {
     fn redb_builder(&self) -> redb::Builder {
         let mut b = redb::Builder::new();
         b.set_check_integrity_on_open(self.verify_on_open);
-        if let Some(bytes) = self.cache_size {
-            b.set_cache_size(bytes);
-        }
+        b.set_cache_size(self.cache_size);
         b
     }
 }

@@ -51,6 +51,10 @@ pub(crate) const TOKEN_BLOCK: u64 = 1 << 20;
 pub(crate) const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 /// Memory for finished records kept for replays (default; `Builder::replay_cache`).
 pub(crate) const REPLAY_CACHE_BYTES: usize = 32 << 20;
+/// redb's page cache (default; `Builder::cache_size`): an edge box's share, not redb's own
+/// default of 1 GiB. Replays of keys whose pages it does not hold read them from the
+/// operating system's page cache (docs/benchmarks.md §6).
+pub(crate) const PAGE_CACHE_BYTES: usize = 64 << 20;
 /// The longest spin a builder accepts.
 pub(crate) const COMMITTER_SPIN_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 

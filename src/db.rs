@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::meta;
 use crate::records::locate::Layout;
 use crate::settings::{FileSize, Settings};
+use crate::stats::MemoryUse;
 use crate::timer::Timer;
 use crate::writer::Writer;
 use idemdb_core::fingerprint::Fingerprinter;
@@ -64,6 +65,8 @@ pub struct IdemDb {
     /// The log's sizes, for `stats`.
     pub(crate) log_gauges: crate::wal::LogGauges,
     pub(crate) recovered: crate::recovery::Recovered,
+    /// The caches' limits, for `stats`.
+    pub(crate) caches: MemoryUse,
 }
 
 impl fmt::Debug for IdemDb {
@@ -107,9 +110,20 @@ impl IdemDb {
             tables,
             accept_log_loss,
             replay_cache,
+            page_cache,
+            memory_budget,
         } = settings;
         let rules = retention.rules(crate::config::DEFAULT_PARTITION_WIDTH);
         let meta = meta::load_or_init(&db, &rules)?;
+        let caches = MemoryUse {
+            page_cache: page_cache as u64,
+            replay_cache: replay_cache as u64,
+            ..MemoryUse::default()
+        };
+        if let Some(budget) = memory_budget {
+            // Before the log's commit: a refused open writes nothing.
+            crate::records::locate::check_budget(&db, clock.now_ms(), caches, budget)?;
+        }
         let opening = crate::recovery::Opening {
             database_id: meta.database_id,
             tables: &tables,
@@ -156,6 +170,7 @@ impl IdemDb {
             file,
             log_gauges,
             recovered,
+            caches,
         })
     }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::log_problem::LogProblem;
+use crate::stats::MemoryUse;
 pub use idemdb_core::{InputError, Refusal, StoreError};
 
 /// An idemdb error. Cheap to clone: one failed batch answers each of its callers with a copy.
@@ -77,6 +78,18 @@ pub enum Error {
     Entropy(String),
     /// A typed value failed to serialize or deserialize.
     Codec(Arc<serde_json::Error>),
+    /// Opening would take more memory than [`Builder::memory_budget`](crate::Builder::memory_budget)
+    /// allows: nothing was allocated for the records, and nothing was changed.
+    MemoryBudget {
+        /// What the open would take.
+        needed: MemoryUse,
+        /// The budget.
+        budget: u64,
+        /// Finished records stored (each needs an entry in the key index).
+        records: u64,
+        /// Keys recognised beyond the horizon at the open's time.
+        horizon_keys: u64,
+    },
     /// An error from redb (storage, table or transaction).
     Storage(Arc<redb::Error>),
 }
@@ -133,6 +146,25 @@ impl fmt::Display for Error {
             ),
             Error::Entropy(e) => write!(f, "no randomness for the fingerprint secret: {e}"),
             Error::Codec(e) => write!(f, "typed value codec: {e}"),
+            Error::MemoryBudget {
+                needed,
+                budget,
+                records,
+                horizon_keys,
+            } => write!(
+                f,
+                "opening needs about {} of memory, over the memory budget of {}: page cache {}, \
+                 replay cache {}, key index {} for {records} finished records, horizon {} for \
+                 {horizon_keys} recognised keys. Raise Builder::memory_budget, lower \
+                 cache_size or replay_cache, or keep fewer records (a shorter TTL or a lower \
+                 horizon_factor)",
+                mib(needed.total()),
+                mib(*budget),
+                mib(needed.page_cache),
+                mib(needed.replay_cache),
+                mib(needed.key_index),
+                mib(needed.horizon),
+            ),
             Error::Storage(e) => write!(f, "storage: {e}"),
         }
     }
@@ -157,6 +189,11 @@ impl Error {
     pub fn is_outcome_unknown(&self) -> bool {
         matches!(self, Error::OutcomeUnknown(_) | Error::Poisoned(_))
     }
+}
+
+/// Bytes in MiB, one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
 /// How a log is named in messages: its path, or what stands for one over backends.

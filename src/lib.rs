@@ -99,6 +99,6 @@ pub use idemdb_core::token::{FencingToken, Reservation};
 pub use log_problem::LogProblem;
 pub use record::{Record, RecordState};
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
-pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, Stats};
+pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, MemoryUse, Stats};
 pub use tx::Tx;
 pub use tx_table::TxTable;

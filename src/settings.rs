@@ -19,6 +19,10 @@ pub(crate) struct Settings {
     pub(crate) accept_log_loss: bool,
     /// Bytes of finished records kept for replays (0: none).
     pub(crate) replay_cache: usize,
+    /// redb's page cache, in bytes.
+    pub(crate) page_cache: usize,
+    /// `Builder::memory_budget`.
+    pub(crate) memory_budget: Option<u64>,
 }
 
 /// Where `stats()` finds the size of the database.

@@ -14,6 +14,36 @@ use crate::shard::{SHARDS, shard_index};
 pub(crate) use idemdb_core::counters::{COMMIT_BATCH_SIZE, COMMIT_LATENCY_SECONDS, COMMITS_TOTAL};
 pub use idemdb_core::counters::{COUNTERS, Counter, HISTOGRAM_BUCKETS, Histogram};
 
+/// The engine's memory, in bytes: what [`Builder::memory_budget`](crate::Builder::memory_budget)
+/// bounds at open (docs/design.md §8.7).
+///
+/// The two caches are counted at their limits, which they fill as they are used; the key
+/// index and the horizon map at what they hold allocated. Not counted: the overlay (records
+/// durable in the log and not yet in redb, about 10 ms of writes, at most the log since the
+/// last checkpoint) and the callers' own buffers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryUse {
+    /// redb's page cache ([`Builder::cache_size`](crate::Builder::cache_size)).
+    pub page_cache: u64,
+    /// Finished records kept for replays ([`Builder::replay_cache`](crate::Builder::replay_cache)).
+    pub replay_cache: u64,
+    /// The key index: which partitions hold each finished record's key.
+    pub key_index: u64,
+    /// The keys recognised beyond the horizon.
+    pub horizon: u64,
+}
+
+impl MemoryUse {
+    /// The sum of the parts.
+    pub fn total(&self) -> u64 {
+        self.page_cache
+            .saturating_add(self.replay_cache)
+            .saturating_add(self.key_index)
+            .saturating_add(self.horizon)
+    }
+}
+
 /// A snapshot of the engine's counters since open.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -62,10 +92,13 @@ pub struct Stats {
     /// Time partitions stored now.
     pub partitions: u64,
     /// Keys held for beyond-horizon recognition: of dropped partitions and swept abandoned
-    /// reservations, until the pass after their horizon ends (about 12 bytes of memory each).
+    /// reservations, until the pass after their horizon ends (18 to 36 bytes of memory each).
     pub horizon_keys: u64,
-    /// Key hashes in the in-memory partition index (about 16 bytes of memory each).
+    /// Key hashes in the in-memory partition index (19 to 39 bytes of memory each).
     pub indexed_keys: u64,
+    /// What the engine's memory goes to: the caches' limits and the index's and horizon's
+    /// allocations.
+    pub memory: MemoryUse,
     /// Size of the database file in bytes (of the storage, when opened over a backend).
     pub bytes_on_disk: u64,
     /// Checkpoints since open: durable redb commits after which the log is written again
@@ -184,6 +217,7 @@ impl StatsCollector {
             partitions: 0,
             horizon_keys: 0,
             indexed_keys: 0,
+            memory: MemoryUse::default(),
             bytes_on_disk: 0,
         }
     }

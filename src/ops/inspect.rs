@@ -38,6 +38,11 @@ impl IdemDb {
         stats.partitions = catalog.parts().len() as u64;
         stats.horizon_keys = layout.horizon.len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
+        stats.memory = crate::stats::MemoryUse {
+            key_index: layout.index.memory_bytes(),
+            horizon: layout.horizon.memory_bytes(),
+            ..self.caches
+        };
         stats.replayed_frames = self.recovered.frames;
         stats.log_losses_accepted = self.recovered.losses;
         stats.last_log_loss = self.recovered.last_loss.clone();

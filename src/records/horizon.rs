@@ -17,6 +17,7 @@ use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::records::memory::{buckets_for, buckets_of_capacity, table_bytes};
 use crate::records::partition::PartitionName;
 
 pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
@@ -149,6 +150,29 @@ impl Horizon {
     pub(crate) fn len(&self) -> usize {
         self.tags.read().len()
     }
+
+    /// Heap bytes the map holds now.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        table_bytes(
+            buckets_of_capacity(self.tags.read().capacity() as u64),
+            TAG_ENTRY,
+        )
+    }
+
+    /// Room for `tags` more tags without growing.
+    pub(crate) fn reserve(&self, tags: u64) {
+        self.tags
+            .write()
+            .reserve(usize::try_from(tags).unwrap_or(usize::MAX));
+    }
+}
+
+/// Bytes of one entry of the map (tag, until).
+const TAG_ENTRY: u64 = size_of::<(u32, u64)>() as u64;
+
+/// Heap bytes of a map of `tags` tags (at most: rows may share tags).
+pub(crate) fn bytes_for(tags: u64) -> u64 {
+    table_bytes(buckets_for(tags), TAG_ENTRY)
 }
 
 #[cfg(test)]

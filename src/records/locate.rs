@@ -7,15 +7,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::Record;
-use crate::records::horizon::{HORIZON, Horizon, decode_tags, row_until};
-use crate::records::key_index::KeyIndex;
+use crate::records::horizon::{self, HORIZON, Horizon, decode_tags, row_until};
+use crate::records::key_index::{self, KeyIndex};
 use crate::records::overlay::Slot;
 use crate::records::partition::{Catalog, Partition, Partitions, partition_tables};
+use crate::stats::MemoryUse;
 use idemdb_core::retention::Rules;
 use idemdb_core::scope::RecordKey;
 
@@ -34,11 +35,16 @@ pub(crate) struct Layout {
 impl Layout {
     /// The layout of an opened database: partitions from the table names, the key index
     /// rebuilt by reading every partition's keys, the horizon sets still in force at `now`.
+    /// Each map is allocated once, at the size its count (taken first) needs.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
         let names = partition_tables(&txn)?;
         let partitions = Partitions::from_names(names.iter().map(String::as_str));
-        let index = KeyIndex::new(seed);
+        let Counted {
+            records,
+            horizon_keys,
+        } = count(&txn, &partitions, now)?;
+        let index = KeyIndex::with_capacity(seed, records);
         for part in partitions.catalog().parts() {
             let table = txn.open_table(part.table())?;
             for entry in table.iter()? {
@@ -48,17 +54,11 @@ impl Layout {
         }
         let latest_write = copies_expire_by(&txn, &partitions, &index)?;
         let horizon = Horizon::default();
-        for row in txn.open_table(HORIZON)?.iter()? {
-            let (k, v) = row?;
-            let until = row_until(k.value())?;
-            if now < until {
-                let tags = decode_tags(v.value()).map_err(|e| match e {
-                    Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", HORIZON.name())),
-                    other => other,
-                })?;
-                horizon.add(tags, until);
-            }
-        }
+        horizon.reserve(horizon_keys);
+        horizon_rows(&txn, now, &mut |bytes, until| {
+            horizon.add(horizon_tags(bytes)?, until);
+            Ok(())
+        })?;
         Ok(Layout {
             rules,
             partitions,
@@ -90,6 +90,89 @@ impl Layout {
             latest_write: self.latest_write.load(Ordering::SeqCst),
         }
     }
+}
+
+/// What the maps of a layout will hold: finished records stored (a partition's length is in
+/// its B-tree's header) and tags of the horizon rows in force at `now` (read: 4 bytes each).
+struct Counted {
+    records: u64,
+    horizon_keys: u64,
+}
+
+fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Result<Counted, Error> {
+    let mut records = 0u64;
+    for part in partitions.catalog().parts() {
+        records = records.saturating_add(txn.open_table(part.table())?.len()?);
+    }
+    let mut horizon_keys = 0u64;
+    horizon_rows(txn, now, &mut |bytes, _| {
+        horizon_keys += horizon_tags(bytes)?.count() as u64;
+        Ok(())
+    })?;
+    Ok(Counted {
+        records,
+        horizon_keys,
+    })
+}
+
+/// Refuses with [`Error::MemoryBudget`] if the caches (`caches`) plus the key index and the
+/// horizon map that the records stored in `db` need at `now` would exceed `budget`. Reads
+/// only: an open checks this before it writes anything.
+pub(crate) fn check_budget(
+    db: &Database,
+    now: u64,
+    caches: MemoryUse,
+    budget: u64,
+) -> Result<(), Error> {
+    let txn = db.begin_read()?;
+    let names = partition_tables(&txn)?;
+    let partitions = Partitions::from_names(names.iter().map(String::as_str));
+    let Counted {
+        records,
+        horizon_keys,
+    } = count(&txn, &partitions, now)?;
+    let needed = MemoryUse {
+        key_index: key_index::bytes_for(records),
+        horizon: horizon::bytes_for(horizon_keys),
+        ..caches
+    };
+    if needed.total() > budget {
+        return Err(Error::MemoryBudget {
+            needed,
+            budget,
+            records,
+            horizon_keys,
+        });
+    }
+    Ok(())
+}
+
+/// What [`horizon_rows`] calls with each row's value and `until`.
+type RowVisitor<'a> = dyn FnMut(&[u8], u64) -> Result<(), Error> + 'a;
+
+/// Calls `each` with the value and `until` of every horizon row in force at `now`.
+fn horizon_rows(
+    txn: &redb::ReadTransaction,
+    now: u64,
+    each: &mut RowVisitor<'_>,
+) -> Result<(), Error> {
+    for row in txn.open_table(HORIZON)?.iter()? {
+        let (k, v) = row?;
+        let until = row_until(k.value())?;
+        if now < until {
+            each(v.value(), until)?;
+        }
+    }
+    Ok(())
+}
+
+/// The tags of a horizon row's value; a value that is not whole tags is named as the
+/// horizon table's.
+fn horizon_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_, Error> {
+    decode_tags(bytes).map_err(|e| match e {
+        Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", HORIZON.name())),
+        other => other,
+    })
 }
 
 /// The bound [`Layout::latest_write`] starts from at open: the latest expiry of a finished

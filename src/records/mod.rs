@@ -6,6 +6,7 @@
 //!
 //! From the bottom up:
 //! - partition.rs: partition names, a record's window, and the catalog;
+//! - memory.rs: what a hash map of so many entries costs;
 //! - key_index.rs: which partitions may hold a key;
 //! - horizon.rs: recognised keys of removed records, and their rows on disk;
 //! - locate.rs: the layout loaded at open, and the lookup of a key;
@@ -17,6 +18,7 @@
 pub(crate) mod horizon;
 pub(crate) mod key_index;
 pub(crate) mod locate;
+pub(crate) mod memory;
 pub(crate) mod overlay;
 pub(crate) mod partition;
 pub(crate) mod replay_cache;

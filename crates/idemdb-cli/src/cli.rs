@@ -47,6 +47,10 @@ pub struct Global {
     /// Beyond-horizon factor in force: how long `compact` keeps dropped keys' tags, in TTLs.
     #[arg(long, global = true, value_name = "N")]
     pub horizon_factor: Option<u32>,
+    /// The most memory the open may plan for (e.g. 300M, 2G, or bytes): a file whose key
+    /// index would not fit is refused with each part named, instead of running out.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_budget: Option<u64>,
 }
 
 impl Global {
@@ -167,6 +171,26 @@ impl From<StateArg> for RecordState {
 }
 
 /// `90`, `90s`, `500ms`, `30m`, `24h`, `7d`; a bare number is seconds.
+/// A size in bytes: digits, then nothing (bytes) or K, M, G (also KiB, MiB, GiB; powers of
+/// 1,024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 300M, 2G or 1048576"))?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use K, M or G")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());

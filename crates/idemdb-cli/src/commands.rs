@@ -29,7 +29,7 @@ impl Ctx {
 }
 
 pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
-    let db = open(path, global.retention())?;
+    let db = open(path, global)?;
     let s = db.stats();
     let retention = db.retention();
     if ctx.json {
@@ -41,6 +41,13 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
             "indexed_keys": s.indexed_keys,
             "horizon_keys": s.horizon_keys,
             "bytes_on_disk": s.bytes_on_disk,
+            "memory": {
+                "page_cache": s.memory.page_cache,
+                "replay_cache": s.memory.replay_cache,
+                "key_index": s.memory.key_index,
+                "horizon": s.memory.horizon,
+                "total": s.memory.total(),
+            },
             "since_open": {
                 "acquired": s.acquired,
                 "takeovers": s.takeovers,
@@ -78,12 +85,20 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
         ),
         format!("partitions          {}", s.partitions),
         format!(
-            "indexed keys        {} (about 16 B of memory each)",
-            s.indexed_keys
+            "indexed keys        {} (in memory: {})",
+            s.indexed_keys,
+            size(s.memory.key_index)
         ),
         format!(
-            "horizon keys        {} (about 12 B of memory each)",
-            s.horizon_keys
+            "horizon keys        {} (in memory: {})",
+            s.horizon_keys,
+            size(s.memory.horizon)
+        ),
+        format!(
+            "memory              {} (page cache {}, replay cache {}, key index and horizon)",
+            size(s.memory.total()),
+            size(s.memory.page_cache),
+            size(s.memory.replay_cache)
         ),
         format!("retention in force  {}", retention_line(retention, global)),
         format!(
@@ -108,7 +123,7 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
 
 /// Opens `path` accepting a loss of its log, and says what was accepted.
 pub fn accept_log_loss(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
-    let db = open_with(path, global.retention(), true)?;
+    let db = open_with(path, global, true)?;
     let s = db.stats();
     let accepted = db.accepted_log_loss().map(|p| p.to_string());
     if ctx.json {
@@ -191,7 +206,7 @@ pub struct GetArgs<'a> {
 
 pub fn get(ctx: &mut Ctx, path: &Path, global: &Global, a: GetArgs<'_>) -> Result<u8, CliError> {
     let key = key_bytes(a.key, a.key_hex)?;
-    let db = open(path, global.retention())?;
+    let db = open(path, global)?;
     let scope = Scope::new(a.operation, a.principal);
     let record = match db.get(&scope, &Key::new(&key)) {
         Ok(record) => record,
@@ -263,7 +278,7 @@ pub fn get(ctx: &mut Ctx, path: &Path, global: &Global, a: GetArgs<'_>) -> Resul
 }
 
 pub fn compact(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError> {
-    let db = open(path, global.retention())?;
+    let db = open(path, global)?;
     let report = db
         .compact_now()
         .map_err(|e| CliError::from_engine(path, e))?;

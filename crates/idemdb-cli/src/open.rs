@@ -9,25 +9,27 @@
 
 use std::path::Path;
 
+use idemdb::IdemDb;
 use idemdb::redb::{self, MultimapTableHandle, ReadableDatabase, TableHandle};
-use idemdb::{IdemDb, Retention};
+
+use crate::cli::Global;
 
 use crate::errors::CliError;
 
 /// The meta table every idemdb database has (docs/design.md §1).
 const META_TABLE: &str = "idemdb_meta";
 
-/// Opens the idemdb database at `path` under `retention`, with no background compactor.
-pub fn open(path: &Path, retention: Retention) -> Result<IdemDb, CliError> {
-    open_with(path, retention, false)
+/// redb's cache for the verifying open.
+const INSPECT_CACHE: usize = 16 << 20;
+
+/// Opens the idemdb database at `path` under the global options' retention and memory
+/// budget, with no background compactor and no replay cache (the CLI answers no replays).
+pub fn open(path: &Path, global: &Global) -> Result<IdemDb, CliError> {
+    open_with(path, global, false)
 }
 
 /// `open`, accepting a loss of the write-ahead log if `accept_log_loss`.
-pub fn open_with(
-    path: &Path,
-    retention: Retention,
-    accept_log_loss: bool,
-) -> Result<IdemDb, CliError> {
+pub fn open_with(path: &Path, global: &Global, accept_log_loss: bool) -> Result<IdemDb, CliError> {
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -48,10 +50,15 @@ pub fn open_with(
         ));
     }
     inspect(path)?;
-    IdemDb::builder()
+    let mut builder = IdemDb::builder()
         .verify_on_open(false)
+        .replay_cache(0)
         .accept_log_loss(accept_log_loss)
-        .retention(retention.compact_interval(None))
+        .retention(global.retention().compact_interval(None));
+    if let Some(budget) = global.memory_budget {
+        builder = builder.memory_budget(budget);
+    }
+    builder
         .open(path)
         .map_err(|e| CliError::from_engine(path, e))
 }
@@ -59,7 +66,9 @@ pub fn open_with(
 /// Opens the file with redb, verifying every page checksum, and checks that it has idemdb's
 /// meta table; closes it again.
 fn inspect(path: &Path) -> Result<(), CliError> {
+    // A pass over every page: a cache would only fill, not help.
     let db = redb::Builder::new()
+        .set_cache_size(INSPECT_CACHE)
         .set_check_integrity_on_open(true)
         .open(path)
         .map_err(|e| CliError::from_open(path, e))?;

@@ -64,7 +64,7 @@ fn pass(
     form: Form,
     what: &'static str,
 ) -> Result<u8, CliError> {
-    let db = open(path, global.retention())?;
+    let db = open(path, global)?;
     let progress = Progress::new(what, db.stats().stored_records, ctx.quiet, true);
     let mut written = 0u64;
     let mut failure = None;
@@ -135,7 +135,7 @@ pub fn verify(
     max_problems: usize,
 ) -> Result<u8, CliError> {
     // Opening verifies every page checksum; a damaged file fails here as corrupt.
-    let db = open(path, global.retention())?;
+    let db = open(path, global)?;
     let stats = db.stats();
     let progress = Progress::new("verify", stats.stored_records, ctx.quiet, false);
     let report = db

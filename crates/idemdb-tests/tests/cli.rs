@@ -82,6 +82,15 @@ fn stats_reports_the_gauges_and_the_retention() {
     assert_eq!(v["partitions"], 1);
     assert_eq!(v["indexed_keys"], 3);
     assert!(v["bytes_on_disk"].as_u64().unwrap() > 0);
+    let memory = &v["memory"];
+    assert_eq!(memory["page_cache"], 64 << 20);
+    assert_eq!(memory["replay_cache"], 0, "the CLI answers no replays");
+    assert!(memory["key_index"].as_u64().unwrap() > 0, "{memory}");
+    let parts = ["page_cache", "replay_cache", "key_index", "horizon"]
+        .iter()
+        .map(|k| memory[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert_eq!(memory["total"], parts);
     assert_eq!(v["since_open"]["acquired"], 0);
     assert_eq!(v["retention"]["default_ttl_ms"], 7_200_000);
     assert_eq!(v["retention"]["horizon_factor"], 4);
@@ -94,6 +103,32 @@ fn stats_reports_the_gauges_and_the_retention() {
         "{out}"
     );
     assert!(out.contains("retention in force  ttl 1d"), "{out}");
+    assert!(
+        out.contains("(page cache 64.0 MiB (67108864 bytes), replay cache 0 bytes"),
+        "{out}"
+    );
+}
+
+#[test]
+fn stats_under_a_memory_budget_too_small_is_refused_with_the_figures() {
+    let (_dir, path) = populated();
+    // The page cache alone (64 MiB) is over 1 MiB; the CLI keeps no replay cache.
+    let (code, _, err) = run(&["stats", p(&path), "--memory-budget", "1M"]);
+    assert_eq!(code, 8, "{err}");
+    for part in [
+        "over the memory budget of 1.0 MiB",
+        "page cache 64.0 MiB",
+        "replay cache 0.0 MiB",
+        "for 3 finished records",
+    ] {
+        assert!(err.contains(part), "{part:?} not in: {err}");
+    }
+    let (code, out, err) = run(&["stats", p(&path), "--json", "--memory-budget", "65M"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["memory"]["replay_cache"], 0);
+    let (code, _, err) = run(&["stats", p(&path), "--memory-budget", "65X"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown unit \"X\""), "{err}");
 }
 
 #[test]

@@ -31,11 +31,26 @@ pub fn day_end() -> u64 {
 }
 
 pub fn open(path: &Path, clock: &ManualClock) -> IdemDb {
-    IdemDb::builder()
+    open_verified(path, clock, true)
+}
+
+/// As [`open`], with `verify_on_open` as given (the check reads the whole file).
+pub fn open_verified(path: &Path, clock: &ManualClock, verify: bool) -> IdemDb {
+    let mut builder = IdemDb::builder()
         .clock(clock.clone())
         .retention(retention())
-        .open(path)
-        .expect("open idemdb")
+        .verify_on_open(verify);
+    if let Some(bytes) = cache_size() {
+        builder = builder.cache_size(bytes);
+    }
+    builder.open(path).expect("open idemdb")
+}
+
+/// redb's cache for every open of the run: `IDEMDB_SCALE_CACHE_MB` MiB, else the default.
+pub fn cache_size() -> Option<usize> {
+    std::env::var("IDEMDB_SCALE_CACHE_MB")
+        .ok()
+        .map(|mb| mb.parse::<usize>().expect("IDEMDB_SCALE_CACHE_MB: MiB") << 20)
 }
 
 /// What a load took.

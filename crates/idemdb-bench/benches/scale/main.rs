@@ -18,7 +18,8 @@
 //! one run. Run by hand, not in CI's time: `cargo bench -p idemdb-bench --bench scale` (about
 //! 45 minutes and 30 GB of disk for the default sizes). The files live in
 //! `IDEMDB_SCALE_DIR` (default: the system's temp dir), outside the repository, and are
-//! removed after each size unless `IDEMDB_SCALE_KEEP=1`. The table is printed and written to
+//! removed after each size unless `IDEMDB_SCALE_KEEP=1`. `IDEMDB_SCALE_CACHE_MB` sets redb's
+//! cache for every open (default: the builder's). The table is printed and written to
 //! `target/bench-results/scale.md`. Under `cargo test --benches` one tiny size runs, and nothing
 //! is written.
 
@@ -58,6 +59,7 @@ fn main() {
         probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: plan.fresh_reserves,
+            verify: true,
         },
         &empty,
         0,
@@ -71,13 +73,21 @@ fn main() {
         let idemdb = probe::Job::Idemdb {
             replay: plan.replay_time,
             fresh: plan.fresh_reserves,
+            verify: true,
         };
         let first = probe::run(idemdb, &path, records);
         let warm = probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: 0,
+            verify: true,
         };
         let warm = probe::run(warm, &path, records);
+        let unverified = probe::Job::Idemdb {
+            replay: std::time::Duration::ZERO,
+            fresh: 0,
+            verify: false,
+        };
+        let unverified = probe::run(unverified, &path, records);
         let redb = probe::run(
             probe::Job::Redb {
                 replay: plan.replay_time,
@@ -85,13 +95,16 @@ fn main() {
             &path,
             records,
         );
-        println!("  first open {first}\n  warm open {warm}\n  plain redb {redb}");
+        println!(
+            "  first open {first}\n  warm open {warm}\n  warm open unverified {unverified}\n  plain redb {redb}"
+        );
         report.rows.push(Row {
             records,
             loaded,
             cold,
             first,
             warm,
+            unverified,
             redb,
         });
         if !keep {

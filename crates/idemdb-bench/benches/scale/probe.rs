@@ -23,8 +23,12 @@ const CHILD: &str = "IDEMDB_SCALE_PROBE";
 #[derive(Clone, Copy)]
 pub enum Job {
     /// Open idemdb; then, for `replay` (if not zero), replays of random stored keys; then
-    /// `fresh` reserves of keys never stored.
-    Idemdb { replay: Duration, fresh: usize },
+    /// `fresh` reserves of keys never stored. `verify`: the builder's `verify_on_open`.
+    Idemdb {
+        replay: Duration,
+        fresh: usize,
+        verify: bool,
+    },
     /// Plain redb: open the same file, then point reads of random stored keys in the
     /// partition that holds each (as if the key's partition were known for free).
     Redb { replay: Duration },
@@ -33,9 +37,16 @@ pub enum Job {
 /// Runs `job` in a new process of this binary and returns what it printed.
 pub fn run(job: Job, path: &Path, records: u64) -> Value {
     let spec = match job {
-        Job::Idemdb { replay, fresh } => {
-            json!({"kind": "idemdb", "replay_ms": replay.as_millis() as u64, "fresh": fresh})
-        }
+        Job::Idemdb {
+            replay,
+            fresh,
+            verify,
+        } => json!({
+            "kind": "idemdb",
+            "replay_ms": replay.as_millis() as u64,
+            "fresh": fresh,
+            "verify": verify,
+        }),
         Job::Redb { replay } => json!({"kind": "redb", "replay_ms": replay.as_millis() as u64}),
     };
     let spec = json!({"job": spec, "path": path, "records": records});
@@ -73,6 +84,7 @@ pub fn run_if_probe() -> bool {
             records,
             replay,
             job["fresh"].as_u64().unwrap_or(0) as usize,
+            job["verify"].as_bool().unwrap_or(true),
         ),
         Some("redb") => plain_redb(&path, records, replay),
         other => panic!("unknown probe {other:?}"),
@@ -106,10 +118,10 @@ fn summary(mut ns: Vec<u64>, spent: Duration) -> Value {
     })
 }
 
-fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize) -> Value {
+fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: bool) -> Value {
     let clock = ManualClock::new(day_end());
     let started = Instant::now();
-    let db = load::open(path, &clock);
+    let db = load::open_verified(path, &clock, verify);
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     let rss_open = rss_bytes();
     let peak_open = peak_rss_bytes();

@@ -20,6 +20,8 @@ pub struct Row {
     pub first: Value,
     /// idemdb opened again at once (page cache warm).
     pub warm: Value,
+    /// idemdb opened warm with `verify_on_open(false)`: the open without the file's check.
+    pub unverified: Value,
     /// Plain redb on the same file: open, point reads in the right partition.
     pub redb: Value,
 }
@@ -58,8 +60,10 @@ impl Report {
             md,
             "\nRecords of 100-byte requests and 200-byte responses, 7-day TTL, default partitions (10 s), \
              written by 64 callers over one simulated day. Each measurement runs in a process of its own. \
-             A fresh reserve on an empty database: p50 {} µs.\n",
-            us(empty_p50)
+             A fresh reserve on an empty database: p50 {} µs. redb's cache: {}.\n",
+            us(empty_p50),
+            crate::load::cache_size()
+                .map_or("the default".to_string(), |b| format!("{} MiB", b >> 20))
         );
         table_row(
             &mut md,
@@ -70,6 +74,7 @@ impl Report {
                 "file, bytes/record",
                 "open, first (cold?), ms",
                 "open, warm, ms",
+                "open, warm, no verify_on_open, ms",
                 "plain redb open, ms",
                 "RSS after open, MiB (peak)",
                 "indexed keys",
@@ -80,7 +85,7 @@ impl Report {
                 "fresh p50 ÷ empty",
             ],
         );
-        table_row(&mut md, &["--:"; 14]);
+        table_row(&mut md, &["--:"; 15]);
         for r in &self.rows {
             let n = r.records as f64;
             let fresh_p50 = f(&r.first, &["fresh_reserves", "p50_ns"]);
@@ -97,6 +102,7 @@ impl Report {
                         if r.cold { "cold" } else { "warm" }
                     ),
                     fmt_val(Some(f(&r.warm, &["open_ms"])), 0),
+                    fmt_val(Some(f(&r.unverified, &["open_ms"])), 0),
                     fmt_val(Some(f(&r.redb, &["open_ms"])), 0),
                     format!(
                         "{} ({})",
