@@ -15,7 +15,9 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::records::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
+use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
+use crate::records::summary::{self, SUMMARIES, Summary};
 use crate::stats::Counter;
 use crate::writer::Writer;
 use idemdb_core::clock::Clock;
@@ -33,6 +35,9 @@ pub struct CompactionReport {
     pub in_flight_expired: u64,
     /// Horizon sets retired (their keys are no longer recognised).
     pub horizon_sets_retired: u64,
+    /// Partitions whose window closed that got their summary (their keys kept beside them,
+    /// so that an open and their drop need not read them).
+    pub partitions_summarized: u64,
 }
 
 /// Partitions dropped in one durable commit, at most, and the records in them: a pass holds
@@ -72,8 +77,8 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
                 break;
             };
             let keys = match read.open_table(part.table()) {
-                Ok(table) => read_keys(&table, &engine.layout.index)?,
-                Err(redb::TableError::TableDoesNotExist(_)) => Keys::default(),
+                Ok(table) => keys_of(&read, &part.table, &table, &engine.layout.index)?,
+                Err(redb::TableError::TableDoesNotExist(_)) => Summary::default(),
                 Err(e) => return Err(e.into()),
             };
             records += keys.count;
@@ -84,23 +89,17 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
         report.records_expired += drop_partitions(writer, step, now)?;
         report.partitions_dropped += partitions;
     }
+    report.partitions_summarized = summarize(writer, now)?;
     report.in_flight_expired = sweep_in_flight(writer, now)?;
     report.horizon_sets_retired = retire_horizon(writer, now)?;
     Ok(report)
-}
-
-/// A partition's record count and its keys' index hashes, sorted and distinct.
-#[derive(Default)]
-struct Keys {
-    count: u64,
-    hashes: Vec<u64>,
 }
 
 /// Drops `step`'s partitions in one durable commit, keeping their keys' tags for the extended
 /// horizon. Returns their record count.
 fn drop_partitions(
     writer: &Writer,
-    step: Vec<(Arc<Partition>, Keys)>,
+    step: Vec<(Arc<Partition>, Summary)>,
     now: u64,
 ) -> Result<u64, Error> {
     let engine = &*writer.engine;
@@ -113,12 +112,15 @@ fn drop_partitions(
                     // A batch that read the clock before this pass did may have added a
                     // record (already expired) since the read: read again, under the
                     // writer's lock.
-                    Ok(table) if table.len()? != read.count => read_keys(&table, &layout.index)?,
+                    Ok(table) if table.len()? != read.count => {
+                        Summary::of_table(&table, &layout.index)?
+                    }
                     Ok(_) => read,
-                    Err(redb::TableError::TableDoesNotExist(_)) => Keys::default(),
+                    Err(redb::TableError::TableDoesNotExist(_)) => Summary::default(),
                     Err(e) => return Err(e.into()),
                 };
                 txn.delete_table(part.table())?;
+                summary::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);
                 let tags = if layout.rules.keeps(until, now) {
                     tags_of(&keys.hashes)
@@ -154,21 +156,84 @@ fn drop_partitions(
     Ok(records)
 }
 
-/// The record count of a partition table and its keys' index hashes.
-fn read_keys(
+/// The keys of partition `name` (`table` in `read`): its summary if it still holds, else
+/// read from the table.
+fn keys_of(
+    read: &redb::ReadTransaction,
+    name: &str,
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    index: &crate::records::key_index::KeyIndex,
-) -> Result<Keys, Error> {
-    let mut hashes = Vec::new();
-    for entry in table.iter()? {
-        hashes.push(index.hash(entry?.0.value()));
+    index: &KeyIndex,
+) -> Result<Summary, Error> {
+    let kept = match read.open_table(SUMMARIES) {
+        Ok(rows) => summary::read(&rows, name)?,
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    match kept {
+        Some(kept) if kept.holds_for(table, index)? => Ok(kept),
+        _ => Summary::of_table(table, index),
     }
-    hashes.sort_unstable();
-    hashes.dedup();
-    Ok(Keys {
-        count: table.len()?,
-        hashes,
-    })
+}
+
+/// Writes the summary of every partition whose window closed and that has none, in steps of
+/// at most [`DROPS_PER_COMMIT`] partitions and [`RECORDS_PER_COMMIT`] records: each read
+/// outside the writer, then, in one durable commit between batches, written for those whose
+/// table still holds what was read (a record placed since, by a clock gone back, makes the
+/// table read again at the next pass). Returns how many were written.
+fn summarize(writer: &Writer, now: u64) -> Result<u64, Error> {
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
+    let pending: Vec<Arc<Partition>> = layout
+        .partitions
+        .catalog()
+        .parts()
+        .iter()
+        .filter(|p| p.is_closed(now) && !p.is_summarized())
+        .cloned()
+        .collect();
+    let mut pending = pending.into_iter().peekable();
+    let mut written = 0;
+    while pending.peek().is_some() {
+        let read = engine.db.begin_read()?;
+        let mut step = Vec::new();
+        let mut records = 0;
+        while step.len() < DROPS_PER_COMMIT && records < RECORDS_PER_COMMIT {
+            let Some(part) = pending.next() else {
+                break;
+            };
+            match read.open_table(part.table()) {
+                Ok(table) => {
+                    let summary = Summary::of_table(&table, &layout.index)?;
+                    records += summary.count;
+                    step.push((part, summary));
+                }
+                // Made by a batch whose records are not in redb yet: the next pass.
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        drop(read);
+        if step.is_empty() {
+            continue;
+        }
+        let done = writer.exclusive(
+            |txn| {
+                let mut done = Vec::with_capacity(step.len());
+                for (part, summary) in step {
+                    let table = txn.open_table(part.table())?;
+                    if summary.holds_for(&table, &layout.index)? {
+                        drop(table);
+                        summary::write(txn, &part.table, &summary)?;
+                        done.push(part);
+                    }
+                }
+                Ok(done)
+            },
+            |done| done.iter().for_each(|p| p.mark_summarized()),
+        )?;
+        written += done.len() as u64;
+    }
+    Ok(written)
 }
 
 /// The horizon tags of sorted hashes: their upper halves, sorted and distinct.

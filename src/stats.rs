@@ -96,6 +96,10 @@ pub struct Stats {
     pub horizon_keys: u64,
     /// Key hashes in the in-memory partition index (19 to 39 bytes of memory each).
     pub indexed_keys: u64,
+    /// Partitions whose keys the open read to rebuild the key index: those without a summary
+    /// that still held (their window had not closed, or a record was placed in them after
+    /// it). The others' keys came from their summaries.
+    pub partitions_read_at_open: u64,
     /// What the engine's memory goes to: the caches' limits and the index's and horizon's
     /// allocations.
     pub memory: MemoryUse,
@@ -217,6 +221,7 @@ impl StatsCollector {
             partitions: 0,
             horizon_keys: 0,
             indexed_keys: 0,
+            partitions_read_at_open: 0,
             memory: MemoryUse::default(),
             bytes_on_disk: 0,
         }

@@ -38,6 +38,7 @@ impl IdemDb {
         stats.partitions = catalog.parts().len() as u64;
         stats.horizon_keys = layout.horizon.len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
+        stats.partitions_read_at_open = layout.partitions_read;
         stats.memory = crate::stats::MemoryUse {
             key_index: layout.index.memory_bytes(),
             horizon: layout.horizon.memory_bytes(),

@@ -16,6 +16,7 @@ use crate::records::horizon::{self, HORIZON, Horizon, decode_tags, row_until};
 use crate::records::key_index::{self, KeyIndex};
 use crate::records::overlay::Slot;
 use crate::records::partition::{Catalog, Partition, Partitions, partition_tables};
+use crate::records::summary::{self, SUMMARIES};
 use crate::stats::MemoryUse;
 use idemdb_core::retention::Rules;
 use idemdb_core::scope::RecordKey;
@@ -30,12 +31,15 @@ pub(crate) struct Layout {
     /// batch. A record that expired at or before it may have a newer copy beside it, which a
     /// clock gone back would show as live too (see [`Probe::UntilLive`]).
     latest_write: AtomicU64,
+    /// Partitions whose keys the open read, for want of a summary that still held.
+    pub(crate) partitions_read: u64,
 }
 
 impl Layout {
     /// The layout of an opened database: partitions from the table names, the key index
-    /// rebuilt by reading every partition's keys, the horizon sets still in force at `now`.
-    /// Each map is allocated once, at the size its count (taken first) needs.
+    /// rebuilt from each partition's summary where it still holds (summary.rs) and by reading
+    /// the keys of the others, the horizon sets still in force at `now`. Each map is
+    /// allocated once, at the size its count (taken first) needs.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
         let names = partition_tables(&txn)?;
@@ -45,11 +49,33 @@ impl Layout {
             horizon_keys,
         } = count(&txn, &partitions, now)?;
         let index = KeyIndex::with_capacity(seed, records);
+        let rows = match txn.open_table(SUMMARIES) {
+            Ok(rows) => Some(rows),
+            // A file no build with summaries wrote yet.
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let mut partitions_read = 0;
         for part in partitions.catalog().parts() {
             let table = txn.open_table(part.table())?;
-            for entry in table.iter()? {
-                let (k, _) = entry?;
-                index.insert(index.hash(k.value()), part.id);
+            let summary = match &rows {
+                Some(rows) => summary::read(rows, &part.table)?,
+                None => None,
+            };
+            match summary {
+                Some(summary) if summary.holds_for(&table, &index)? => {
+                    for hash in summary.hashes {
+                        index.insert(hash, part.id);
+                    }
+                    part.mark_summarized();
+                }
+                _ => {
+                    partitions_read += 1;
+                    for entry in table.iter()? {
+                        let (k, _) = entry?;
+                        index.insert(index.hash(k.value()), part.id);
+                    }
+                }
             }
         }
         let latest_write = copies_expire_by(&txn, &partitions, &index)?;
@@ -65,6 +91,7 @@ impl Layout {
             index,
             horizon,
             latest_write: AtomicU64::new(latest_write),
+            partitions_read,
         })
     }
 
@@ -76,6 +103,7 @@ impl Layout {
             index: KeyIndex::new(seed),
             horizon: Horizon::default(),
             latest_write: AtomicU64::new(0),
+            partitions_read: 0,
         }
     }
 

@@ -9,6 +9,7 @@
 //! - memory.rs: what a hash map of so many entries costs;
 //! - key_index.rs: which partitions may hold a key;
 //! - horizon.rs: recognised keys of removed records, and their rows on disk;
+//! - summary.rs: what a closed partition holds, kept beside it for the open and the drop;
 //! - locate.rs: the layout loaded at open, and the lookup of a key;
 //! - overlay.rs: record writes durable in the log and not yet in redb;
 //! - snapshot.rs: the shared read snapshot, read under the overlay;
@@ -23,4 +24,5 @@ pub(crate) mod overlay;
 pub(crate) mod partition;
 pub(crate) mod replay_cache;
 pub(crate) mod snapshot;
+pub(crate) mod summary;
 pub(crate) mod txn;

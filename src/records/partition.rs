@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
 use redb::{ReadTransaction, TableDefinition, TableHandle};
@@ -86,15 +87,32 @@ impl PartitionName {
 }
 
 /// A partition of the catalog: its name, and its in-process id for the key index.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Partition {
     pub(crate) id: PartitionId,
     pub(crate) name: PartitionName,
     /// `name`'s table name (shared by the overlay's entries and the log's effects).
     pub(crate) table: Arc<str>,
+    /// Its keys are summarised in a row of `idemdb_keys` (summary.rs), written by this
+    /// process or found valid at open: the compactor does not summarise it again.
+    pub(crate) summarized: AtomicBool,
 }
 
 impl Partition {
+    /// Whether its window has ended at `now`: records finished from then on go to later
+    /// windows (unless the clock goes back).
+    pub(crate) fn is_closed(&self, now: u64) -> bool {
+        now >= self.name.start.saturating_add(self.name.width)
+    }
+
+    pub(crate) fn is_summarized(&self) -> bool {
+        self.summarized.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_summarized(&self) {
+        self.summarized.store(true, Ordering::Release);
+    }
+
     pub(crate) fn table(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
         TableDefinition::new(&self.table)
     }
@@ -183,6 +201,7 @@ impl Partitions {
                     id: i as PartitionId + 1,
                     name,
                     table,
+                    summarized: AtomicBool::new(false),
                 })
             })
             .collect();
@@ -240,6 +259,7 @@ impl Partitions {
             id,
             table: name.table_name().into(),
             name,
+            summarized: AtomicBool::new(false),
         });
         *self.current.write() = Arc::new(catalog.with(Arc::clone(&part)));
         Placement {

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::record::{Record, RecordState};
 use crate::records::horizon::{HORIZON, decode_tags, is_source, row_source};
 use crate::records::partition::{PartitionName, partition_names};
+use crate::records::summary::{SUMMARIES, Summary};
 use idemdb_core::scope::RecordKey;
 
 /// What [`IdemDb::verify`](crate::IdemDb::verify) read and what it found wrong.
@@ -82,6 +83,7 @@ pub(crate) fn verify(
         check.records(txn, &part.table_name(), Some(part))?;
     }
     check.horizon(txn)?;
+    check.summaries(txn)?;
     let read = check.read;
     let report = check.report;
     progress(read);
@@ -124,7 +126,14 @@ impl<P: FnMut(u64)> Check<'_, P> {
                                 width, ttl): the catalog ignores it, its records are never read";
                     self.problem(&name, None, what.to_string());
                 }
-            } else if ![META.name(), INFLIGHT.name(), HORIZON.name()].contains(&name.as_str()) {
+            } else if ![
+                META.name(),
+                INFLIGHT.name(),
+                HORIZON.name(),
+                SUMMARIES.name(),
+            ]
+            .contains(&name.as_str())
+            {
                 let what = "unknown table with idemdb's reserved prefix";
                 self.problem(&name, None, what.to_string());
             }
@@ -293,6 +302,27 @@ impl<P: FnMut(u64)> Check<'_, P> {
             if tags.windows(2).any(|w| w[0] >= w[1]) {
                 let what = "tags are not sorted and distinct".to_string();
                 self.problem(name, Some(key), what);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<P: FnMut(u64)> Check<'_, P> {
+    /// The partitions' summaries (optional: a file no build with summaries wrote has none):
+    /// each row decodes. A row that no longer holds for its table is not a problem: the open
+    /// and the drop read that table instead.
+    fn summaries(&mut self, txn: &ReadTransaction) -> Result<(), Error> {
+        let name = SUMMARIES.name();
+        let table = match txn.open_table(SUMMARIES) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return self.unreadable(name, e),
+        };
+        for row in table.iter()? {
+            let (k, v) = row?;
+            if let Err(e) = Summary::decode(v.value(), k.value()) {
+                self.problem(name, Some(k.value().as_bytes()), corrupted_text(e));
             }
         }
         Ok(())

@@ -38,6 +38,7 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
             "stored_records": s.stored_records,
             "in_flight_records": s.in_flight_records,
             "partitions": s.partitions,
+            "partitions_read_at_open": s.partitions_read_at_open,
             "indexed_keys": s.indexed_keys,
             "horizon_keys": s.horizon_keys,
             "bytes_on_disk": s.bytes_on_disk,
@@ -83,7 +84,10 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
             "stored records      {} (in progress {}, finished {}; expired ones until dropped)",
             s.stored_records, s.in_flight_records, finished
         ),
-        format!("partitions          {}", s.partitions),
+        format!(
+            "partitions          {} (keys read at open: {}; the others' from their summaries)",
+            s.partitions, s.partitions_read_at_open
+        ),
         format!(
             "indexed keys        {} (in memory: {})",
             s.indexed_keys,

@@ -80,6 +80,10 @@ fn stats_reports_the_gauges_and_the_retention() {
     assert_eq!(v["stored_records"], 4);
     assert_eq!(v["in_flight_records"], 1);
     assert_eq!(v["partitions"], 1);
+    assert_eq!(
+        v["partitions_read_at_open"], 1,
+        "its window is open: no summary"
+    );
     assert_eq!(v["indexed_keys"], 3);
     assert!(v["bytes_on_disk"].as_u64().unwrap() > 0);
     let memory = &v["memory"];

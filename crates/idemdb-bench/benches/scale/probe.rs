@@ -165,6 +165,7 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         "indexed_keys": stats.indexed_keys,
         "stored_records": stats.stored_records,
         "partitions": stats.partitions,
+        "partitions_read_at_open": stats.partitions_read_at_open,
         "replays": replays,
         "fresh_reserves": reserves,
         "rss_after_reads": rss_bytes(),

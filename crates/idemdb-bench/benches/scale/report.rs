@@ -72,6 +72,8 @@ impl Report {
                 "load, lifecycles/s",
                 "RSS after load, MiB",
                 "file, bytes/record",
+                "summarised partitions (pass, s)",
+                "partitions read at open",
                 "open, first (cold?), ms",
                 "open, warm, ms",
                 "open, warm, no verify_on_open, ms",
@@ -85,7 +87,7 @@ impl Report {
                 "fresh p50 ÷ empty",
             ],
         );
-        table_row(&mut md, &["--:"; 15]);
+        table_row(&mut md, &["--:"; 17]);
         for r in &self.rows {
             let n = r.records as f64;
             let fresh_p50 = f(&r.first, &["fresh_reserves", "p50_ns"]);
@@ -96,6 +98,12 @@ impl Report {
                     fmt_val(Some(n / r.loaded.took.as_secs_f64()), 0),
                     mib(r.loaded.rss as f64),
                     fmt_val(Some(r.loaded.file_bytes as f64 / n), 0),
+                    format!(
+                        "{} ({:.1})",
+                        r.loaded.summarized,
+                        r.loaded.compact_took.as_secs_f64()
+                    ),
+                    fmt_val(Some(f(&r.warm, &["partitions_read_at_open"])), 0),
                     format!(
                         "{} ({})",
                         fmt_val(Some(f(&r.first, &["open_ms"])), 0),
