@@ -140,26 +140,22 @@ impl KeyIndex {
     }
 
     pub(crate) fn insert(&self, hash: u64, id: PartitionId) {
-        let mut shard = self.shard(hash).write();
-        let Entries { two, more } = &mut *shard;
-        if let Some(ids) = more.get_mut(&hash) {
-            if !ids.contains(&id) {
-                ids.push(id);
+        insert_into(&mut self.shard(hash).write(), hash, id);
+    }
+
+    /// Adds partition `id` to the entries of `hashes`, sorted (a summary's: each shard's keys
+    /// come together, and its lock is taken once for them), as [`insert`](Self::insert) would
+    /// one by one.
+    pub(crate) fn insert_sorted(&self, hashes: &[u64], id: PartitionId) {
+        for run in hashes.chunk_by(|a, b| shard_of(*a) == shard_of(*b)) {
+            let Some(&first) = run.first() else {
+                continue;
+            };
+            let mut shard = self.shard(first).write();
+            for &hash in run {
+                insert_into(&mut shard, hash, id);
             }
-            return;
         }
-        let [a, b] = two.get(&hash).copied().unwrap_or([0, 0]);
-        let slots = match [a, b] {
-            _ if a == id || b == id => return,
-            [0, b] => [id, b],
-            [a, 0] => [a, id],
-            [a, b] => {
-                two.remove(&hash);
-                more.insert(hash, vec![a, b, id]);
-                return;
-            }
-        };
-        two.insert(hash, slots);
     }
 
     /// Forgets a dropped partition: `id` leaves the entries of `hashes`, its keys' hashes,
@@ -228,6 +224,29 @@ impl KeyIndex {
             })
             .sum()
     }
+}
+
+/// Names partition `id` in the entry of `hash` (a no-op if it does already).
+fn insert_into(shard: &mut Entries, hash: u64, id: PartitionId) {
+    let Entries { two, more } = shard;
+    if let Some(ids) = more.get_mut(&hash) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+        return;
+    }
+    let [a, b] = two.get(&hash).copied().unwrap_or([0, 0]);
+    let slots = match [a, b] {
+        _ if a == id || b == id => return,
+        [0, b] => [id, b],
+        [a, 0] => [a, id],
+        [a, b] => {
+            two.remove(&hash);
+            more.insert(hash, vec![a, b, id]);
+            return;
+        }
+    };
+    two.insert(hash, slots);
 }
 
 /// Bytes of one entry of the `two` map, and of the `more` map (its list aside).
@@ -346,6 +365,26 @@ mod tests {
         assert_eq!(index.len(), 1000);
         index.remove_keys(&spilled, 5);
         assert_eq!(index.len(), 0);
+    }
+
+    #[test]
+    fn sorted_inserts_name_what_single_inserts_do() {
+        let one = KeyIndex::new(5);
+        let runs = KeyIndex::new(5);
+        for id in 1..=4u32 {
+            // Overlapping key sets: keys in one, two and more partitions.
+            let mut h = hashes(&one, (0..2000).filter(|i| i % (id + 1) != 0));
+            for &x in &h {
+                one.insert(x, id);
+            }
+            h.dedup();
+            runs.insert_sorted(&h, id);
+        }
+        assert_eq!(one.len(), runs.len());
+        for i in 0..2000u32 {
+            let h = one.hash(&i.to_le_bytes());
+            assert_eq!(one.candidates(h), runs.candidates(h), "key {i}");
+        }
     }
 
     #[test]

@@ -64,9 +64,7 @@ impl Layout {
             };
             match summary {
                 Some(summary) if summary.holds_for(&table, &index)? => {
-                    for hash in summary.hashes {
-                        index.insert(hash, part.id);
-                    }
+                    index.insert_sorted(&summary.hashes, part.id);
                     part.mark_summarized();
                 }
                 _ => {
