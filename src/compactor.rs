@@ -14,7 +14,7 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
-use crate::records::horizon::{HORIZON, row_until, sweep_source, tag, write_row};
+use crate::records::horizon::{HORIZON, RECOGNISED, row_until, sweep_source, write_row};
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
 use crate::records::summary::{self, SUMMARIES, Summary};
@@ -122,8 +122,9 @@ fn drop_partitions(
                 txn.delete_table(part.table())?;
                 summary::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);
+                // Recognised by their whole hashes (sorted, distinct).
                 let tags = if layout.rules.keeps(until, now) {
-                    tags_of(&keys.hashes)
+                    keys.hashes.clone()
                 } else {
                     Vec::new()
                 };
@@ -236,13 +237,6 @@ fn summarize(writer: &Writer, now: u64) -> Result<u64, Error> {
     Ok(written)
 }
 
-/// The horizon tags of sorted hashes: their upper halves, sorted and distinct.
-fn tags_of(hashes: &[u64]) -> Vec<u32> {
-    let mut tags: Vec<u32> = hashes.iter().map(|&h| tag(h)).collect();
-    tags.dedup();
-    tags
-}
-
 /// Removes IN_PROGRESS records whose lease ended more than a TTL ago: their owner is gone.
 fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
     let engine = &*writer.engine;
@@ -277,14 +271,12 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             }
             // Each swept key is recognised until its own horizon (lease end + factor × TTL):
             // one horizon row per distinct horizon.
-            let mut sets: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+            let mut sets: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
             for (key, rec) in &removed {
                 let ttl = layout.rules.ttl_ms(&RecordKey::from_stored(key));
                 let until = layout.rules.swept_horizon(rec, ttl);
                 if layout.rules.keeps(until, now) {
-                    sets.entry(until)
-                        .or_default()
-                        .push(tag(layout.index.hash(key)));
+                    sets.entry(until).or_default().push(layout.index.hash(key));
                 }
             }
             for (until, tags) in &mut sets {
@@ -307,32 +299,47 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
 /// Deletes the horizon sets whose extended horizon passed.
 fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
     let engine = &*writer.engine;
+    // The rows due in each table: this build's, and older builds' 32-bit ones.
     let mut due = Vec::new();
     {
         let txn = engine.db.begin_read()?;
-        for row in txn.open_table(HORIZON)?.iter()? {
-            let (k, _) = row?;
-            if row_until(k.value())? > now {
-                break; // Rows are in `until` order.
+        for table in [RECOGNISED, HORIZON] {
+            let rows = match txn.open_table(table) {
+                Ok(rows) => rows,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let mut keys = Vec::new();
+            for row in rows.iter()? {
+                let (k, _) = row?;
+                if row_until(k.value())? > now {
+                    break; // Rows are in `until` order.
+                }
+                keys.push(k.value().to_vec());
             }
-            due.push(k.value().to_vec());
+            if !keys.is_empty() {
+                due.push((table, keys));
+            }
         }
     }
     engine.layout.horizon.expire(now);
     if due.is_empty() {
         return Ok(0);
     }
+    let retired = due.iter().map(|(_, keys)| keys.len() as u64).sum();
     writer.exclusive(
         |txn| {
-            let mut table = txn.open_table(HORIZON)?;
-            for key in &due {
-                table.remove(key.as_slice())?;
+            for (table, keys) in &due {
+                let mut table = txn.open_table(*table)?;
+                for key in keys {
+                    table.remove(key.as_slice())?;
+                }
             }
             Ok(())
         },
         |_| {},
     )?;
-    Ok(due.len() as u64)
+    Ok(retired)
 }
 
 /// The background compactor: a named thread that runs a pass every interval (real time; the

@@ -1,13 +1,17 @@
-//! Beyond-horizon recognition: the keys of every dropped partition, kept as 32-bit tags for an
-//! extended horizon, so that a redrive older than the TTL is flagged instead of silently
-//! executing twice.
+//! Beyond-horizon recognition: the keys of every dropped partition (and of every swept
+//! abandoned reservation), kept for an extended horizon, so that a redrive older than the TTL
+//! is flagged instead of silently executing twice.
 //!
-//! On disk (table `idemdb_horizon`), one row per dropped partition: key = `until` (u64 BE,
-//! ms) followed by the partition's table name; value = the tags, u32 LE each, sorted. That is 4
-//! bytes per key. In memory, one map from tag to the latest `until`.
+//! On disk (table `idemdb_recognised`), one row per dropped partition or sweep: key = `until`
+//! (u64 BE, ms) followed by the source's name; value = the keys' 64-bit index hashes, u64 LE
+//! each, sorted and distinct: 8 bytes per key. In memory, one map from hash to the latest
+//! `until`. A key never stored is taken for a recognised one with probability about
+//! n / 2^64 for n recognised keys (a billion: 5.4 × 10^-11).
 //!
-//! A tag is 32 bits of the keyed record-key hash, so a key never seen is taken for a
-//! recognised one with probability n / 2^32 for n recognised keys (1 million: 0.023%).
+//! Older builds kept 32-bit tags (the hashes' upper halves) in `idemdb_horizon`, 4 bytes per
+//! key, which match a fresh key with probability n / 2^32 (181 million keys: 4.1%). Such rows
+//! are still read, into a map of their own compared on the upper half, and retired as they run
+//! out; nothing writes them any more.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +24,11 @@ use crate::error::Error;
 use crate::records::memory::{buckets_for, buckets_of_capacity, table_bytes};
 use crate::records::partition::PartitionName;
 
+/// Rows of 32-bit tags written by older builds: read and retired, never written.
 pub(crate) const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
+/// Rows of 64-bit hashes.
+pub(crate) const RECOGNISED: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idemdb_recognised");
 
 pub(crate) fn tag(hash: u64) -> u32 {
     (hash >> 32) as u32
@@ -66,27 +74,47 @@ pub(crate) fn is_source(source: &str) -> bool {
         .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Writes the set of `tags` recognised until `until`, removed from `source`, merged with a
-/// row already under the same key (two passes at one instant, or a partition of the same
-/// name created again after the clock went back).
+/// Writes the set of key `hashes` (sorted, distinct) recognised until `until`, removed from
+/// `source`, merged with a row already under the same key (two passes at one instant, or a
+/// partition of the same name created again after the clock went back).
 pub(crate) fn write_row(
     txn: &WriteTransaction,
     until: u64,
     source: &str,
-    tags: &[u32],
+    hashes: &[u64],
 ) -> Result<(), Error> {
-    let mut table = txn.open_table(HORIZON)?;
+    let mut table = txn.open_table(RECOGNISED)?;
     let key = row_key(until, source);
-    let mut merged = tags.to_vec();
+    let mut merged = hashes.to_vec();
     if let Some(old) = table.get(key.as_slice())? {
-        merged.extend(decode_tags(old.value())?);
+        merged.extend(decode_hashes(old.value())?);
         merged.sort_unstable();
         merged.dedup();
     }
-    table.insert(key.as_slice(), encode_tags(&merged).as_slice())?;
+    table.insert(key.as_slice(), encode_hashes(&merged).as_slice())?;
     Ok(())
 }
 
+pub(crate) fn encode_hashes(hashes: &[u64]) -> Vec<u8> {
+    hashes.iter().flat_map(|h| h.to_le_bytes()).collect()
+}
+
+pub(crate) fn decode_hashes(bytes: &[u8]) -> Result<impl Iterator<Item = u64> + '_, Error> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(Error::Corrupted(format!(
+            "set of {} bytes is not whole 8-byte hashes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.chunks_exact(8).map(|c| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(c);
+        u64::from_le_bytes(b)
+    }))
+}
+
+/// Older builds' row values: only the tests and the fuzz decoders write them now.
+#[cfg(any(test, feature = "test-hooks"))]
 pub(crate) fn encode_tags(tags: &[u32]) -> Vec<u8> {
     tags.iter().flat_map(|t| t.to_le_bytes()).collect()
 }
@@ -103,76 +131,111 @@ pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
 }
 
+/// Recognised keys in memory: hash → the latest `until` of its rows; and the 32-bit tags of
+/// older builds' rows, tag → until.
 pub(crate) struct Horizon {
+    keys: RwLock<HashMap<u64, u64>>,
     tags: RwLock<HashMap<u32, u64>>,
-    /// No tag runs out before this: a pass with nothing to retire does not walk the map.
+    /// Nothing in either map runs out before this: a pass with nothing to retire does not
+    /// walk them.
     earliest: AtomicU64,
 }
 
 impl Default for Horizon {
     fn default() -> Self {
         Horizon {
+            keys: RwLock::default(),
             tags: RwLock::default(),
             earliest: AtomicU64::new(u64::MAX),
         }
     }
 }
 
+/// Raises `map`'s entries for `items` to `until`; whether it added any.
+fn add_to<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, u64>,
+    items: impl IntoIterator<Item = K>,
+    until: u64,
+) -> bool {
+    let before = map.len();
+    for k in items {
+        let e = map.entry(k).or_insert(until);
+        *e = (*e).max(until);
+    }
+    map.len() > before
+}
+
 impl Horizon {
-    /// Whether a key with this tag was dropped and is still recognised at `now`.
-    pub(crate) fn recognises(&self, tag: u32, now: u64) -> bool {
-        self.tags.read().get(&tag).is_some_and(|&until| now < until)
+    /// Whether the key with this index hash was removed and is still recognised at `now`:
+    /// by its whole hash, or by the upper half an older build's row kept.
+    pub(crate) fn recognises(&self, hash: u64, now: u64) -> bool {
+        let live = |until: Option<&u64>| until.is_some_and(|&until| now < until);
+        live(self.keys.read().get(&hash)) || live(self.tags.read().get(&tag(hash)))
     }
 
-    pub(crate) fn add(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
-        let mut map = self.tags.write();
-        let before = map.len();
-        for t in tags {
-            let e = map.entry(t).or_insert(until);
-            *e = (*e).max(until);
-        }
-        if map.len() > before {
+    /// Recognises the keys of `hashes` until `until`.
+    pub(crate) fn add(&self, hashes: impl IntoIterator<Item = u64>, until: u64) {
+        if add_to(&mut self.keys.write(), hashes, until) {
             self.earliest.fetch_min(until, Ordering::Relaxed);
         }
     }
 
-    /// Forgets tags whose horizon passed.
+    /// Recognises the 32-bit `tags` of an older build's row until `until`.
+    pub(crate) fn add_tags(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
+        if add_to(&mut self.tags.write(), tags, until) {
+            self.earliest.fetch_min(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets keys and tags whose horizon passed.
     pub(crate) fn expire(&self, now: u64) {
         if now < self.earliest.load(Ordering::Relaxed) {
             return;
         }
-        let mut map = self.tags.write();
-        map.retain(|_, until| now < *until);
-        let earliest = map.values().copied().min().unwrap_or(u64::MAX);
-        self.earliest.store(earliest, Ordering::Relaxed);
+        let mut keys = self.keys.write();
+        let mut tags = self.tags.write();
+        keys.retain(|_, until| now < *until);
+        tags.retain(|_, until| now < *until);
+        let earliest = keys.values().chain(tags.values()).copied().min();
+        self.earliest
+            .store(earliest.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// Keys recognised (tags of older rows included).
     pub(crate) fn len(&self) -> usize {
-        self.tags.read().len()
+        self.keys.read().len() + self.tags.read().len()
     }
 
-    /// Heap bytes the map holds now.
+    /// Heap bytes the maps hold now.
     pub(crate) fn memory_bytes(&self) -> u64 {
         table_bytes(
+            buckets_of_capacity(self.keys.read().capacity() as u64),
+            KEY_ENTRY,
+        ) + table_bytes(
             buckets_of_capacity(self.tags.read().capacity() as u64),
             TAG_ENTRY,
         )
     }
 
-    /// Room for `tags` more tags without growing.
-    pub(crate) fn reserve(&self, tags: u64) {
-        self.tags
-            .write()
-            .reserve(usize::try_from(tags).unwrap_or(usize::MAX));
+    /// Room for `keys` more hashes and `tags` more tags without growing.
+    pub(crate) fn reserve(&self, keys: u64, tags: u64) {
+        let n = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        if keys > 0 {
+            self.keys.write().reserve(n(keys));
+        }
+        if tags > 0 {
+            self.tags.write().reserve(n(tags));
+        }
     }
 }
 
-/// Bytes of one entry of the map (tag, until).
+/// Bytes of one entry of each map: (hash, until), (tag, until).
+const KEY_ENTRY: u64 = size_of::<(u64, u64)>() as u64;
 const TAG_ENTRY: u64 = size_of::<(u32, u64)>() as u64;
 
-/// Heap bytes of a map of `tags` tags (at most: rows may share tags).
-pub(crate) fn bytes_for(tags: u64) -> u64 {
-    table_bytes(buckets_for(tags), TAG_ENTRY)
+/// Heap bytes of maps of `keys` hashes and `tags` tags (at most: rows may share them).
+pub(crate) fn bytes_for(keys: u64, tags: u64) -> u64 {
+    table_bytes(buckets_for(keys), KEY_ENTRY) + table_bytes(buckets_for(tags), TAG_ENTRY)
 }
 
 #[cfg(test)]
@@ -189,6 +252,24 @@ mod tests {
         assert!(!h.recognises(3, 0));
         h.expire(100);
         assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn a_hash_is_recognised_whole_and_an_older_rows_tag_by_its_upper_half() {
+        let h = Horizon::default();
+        let k = 0xAAAA_BBBB_0000_0001;
+        h.add([k], 100);
+        assert!(h.recognises(k, 0));
+        // The same upper half, another key: not recognised by a whole hash.
+        assert!(!h.recognises(k ^ 1, 0));
+        h.add_tags([tag(0x1234_5678_0000_0000)], 50);
+        assert!(h.recognises(0x1234_5678_FFFF_FFFF, 49));
+        assert!(!h.recognises(0x1234_5678_FFFF_FFFF, 50));
+        assert_eq!(h.len(), 2);
+        h.expire(50);
+        assert_eq!(h.len(), 1);
+        h.expire(100);
+        assert_eq!(h.len(), 0);
     }
 
     #[test]

@@ -7,12 +7,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::Record;
-use crate::records::horizon::{self, HORIZON, Horizon, decode_tags, row_until};
+use crate::records::horizon::{
+    self, HORIZON, Horizon, RECOGNISED, decode_hashes, decode_tags, row_until,
+};
 use crate::records::key_index::{self, KeyIndex};
 use crate::records::overlay::Slot;
 use crate::records::partition::{Catalog, Partition, Partitions, partition_tables};
@@ -47,6 +51,7 @@ impl Layout {
         let Counted {
             records,
             horizon_keys,
+            horizon_tags,
         } = count(&txn, &partitions, now)?;
         let index = KeyIndex::with_capacity(seed, records);
         let rows = match txn.open_table(SUMMARIES) {
@@ -78,9 +83,13 @@ impl Layout {
         }
         let latest_write = copies_expire_by(&txn, &partitions, &index)?;
         let horizon = Horizon::default();
-        horizon.reserve(horizon_keys);
-        horizon_rows(&txn, now, &mut |bytes, until| {
-            horizon.add(horizon_tags(bytes)?, until);
+        horizon.reserve(horizon_keys, horizon_tags);
+        horizon_rows(&txn, RECOGNISED, now, &mut |bytes, until| {
+            horizon.add(named(RECOGNISED, decode_hashes(bytes))?, until);
+            Ok(())
+        })?;
+        horizon_rows(&txn, HORIZON, now, &mut |bytes, until| {
+            horizon.add_tags(named(HORIZON, decode_tags(bytes))?, until);
             Ok(())
         })?;
         Ok(Layout {
@@ -119,10 +128,12 @@ impl Layout {
 }
 
 /// What the maps of a layout will hold: finished records stored (a partition's length is in
-/// its B-tree's header) and tags of the horizon rows in force at `now` (read: 4 bytes each).
+/// its B-tree's header), and the keys of the recognition rows in force at `now` (read: 8 bytes
+/// each) and the tags of older builds' rows (4 bytes each).
 struct Counted {
     records: u64,
     horizon_keys: u64,
+    horizon_tags: u64,
 }
 
 fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Result<Counted, Error> {
@@ -131,13 +142,19 @@ fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Resu
         records = records.saturating_add(txn.open_table(part.table())?.len()?);
     }
     let mut horizon_keys = 0u64;
-    horizon_rows(txn, now, &mut |bytes, _| {
-        horizon_keys += horizon_tags(bytes)?.count() as u64;
+    horizon_rows(txn, RECOGNISED, now, &mut |bytes, _| {
+        horizon_keys += named(RECOGNISED, decode_hashes(bytes))?.count() as u64;
+        Ok(())
+    })?;
+    let mut horizon_tags = 0u64;
+    horizon_rows(txn, HORIZON, now, &mut |bytes, _| {
+        horizon_tags += named(HORIZON, decode_tags(bytes))?.count() as u64;
         Ok(())
     })?;
     Ok(Counted {
         records,
         horizon_keys,
+        horizon_tags,
     })
 }
 
@@ -156,10 +173,11 @@ pub(crate) fn check_budget(
     let Counted {
         records,
         horizon_keys,
+        horizon_tags,
     } = count(&txn, &partitions, now)?;
     let needed = MemoryUse {
         key_index: key_index::bytes_for(records),
-        horizon: horizon::bytes_for(horizon_keys),
+        horizon: horizon::bytes_for(horizon_keys, horizon_tags),
         ..caches
     };
     if needed.total() > budget {
@@ -167,7 +185,7 @@ pub(crate) fn check_budget(
             needed,
             budget,
             records,
-            horizon_keys,
+            horizon_keys: horizon_keys + horizon_tags,
         });
     }
     Ok(())
@@ -176,13 +194,20 @@ pub(crate) fn check_budget(
 /// What [`horizon_rows`] calls with each row's value and `until`.
 type RowVisitor<'a> = dyn FnMut(&[u8], u64) -> Result<(), Error> + 'a;
 
-/// Calls `each` with the value and `until` of every horizon row in force at `now`.
+/// Calls `each` with the value and `until` of every row of `table` (a recognition table) in
+/// force at `now`; a table not there (never written) has none.
 fn horizon_rows(
     txn: &redb::ReadTransaction,
+    table: TableDefinition<&[u8], &[u8]>,
     now: u64,
     each: &mut RowVisitor<'_>,
 ) -> Result<(), Error> {
-    for row in txn.open_table(HORIZON)?.iter()? {
+    let rows = match txn.open_table(table) {
+        Ok(rows) => rows,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for row in rows.iter()? {
         let (k, v) = row?;
         let until = row_until(k.value())?;
         if now < until {
@@ -192,11 +217,10 @@ fn horizon_rows(
     Ok(())
 }
 
-/// The tags of a horizon row's value; a value that is not whole tags is named as the
-/// horizon table's.
-fn horizon_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_, Error> {
-    decode_tags(bytes).map_err(|e| match e {
-        Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", HORIZON.name())),
+/// A row value's decoding, its failure named as `table`'s.
+fn named<T>(table: TableDefinition<&[u8], &[u8]>, decoded: Result<T, Error>) -> Result<T, Error> {
+    decoded.map_err(|e| match e {
+        Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", table.name())),
         other => other,
     })
 }

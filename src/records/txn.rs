@@ -12,7 +12,6 @@ use redb::{ReadableTable, Table, TableHandle, WriteTransaction};
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::{Record, RecordState};
-use crate::records::horizon::tag;
 use crate::records::locate::{
     Found, Layout, Lookup, PartitionReader, Partitioned, Probe, find, get_in, inflight_in,
 };
@@ -298,7 +297,7 @@ impl<'t> Records<'t> {
     /// copy of it expired, or it was dropped and is still recognised.
     pub(crate) fn beyond_horizon(&self, expired_copy: bool, hash: u64, now: u64) -> bool {
         expired_copy
-            || (self.layout.rules.recognition() && self.layout.horizon.recognises(tag(hash), now))
+            || (self.layout.rules.recognition() && self.layout.horizon.recognises(hash, now))
     }
 
     /// Every IN_PROGRESS record, for the format upgrade (a transaction's store only).

@@ -10,7 +10,9 @@ use crate::config::SCAN_PROGRESS_EVERY;
 use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::record::{Record, RecordState};
-use crate::records::horizon::{HORIZON, decode_tags, is_source, row_source};
+use crate::records::horizon::{
+    HORIZON, RECOGNISED, decode_hashes, decode_tags, is_source, row_source,
+};
 use crate::records::partition::{PartitionName, partition_names};
 use crate::records::summary::{SUMMARIES, Summary};
 use idemdb_core::scope::RecordKey;
@@ -28,9 +30,9 @@ pub struct VerifyReport {
     /// Of the records that decoded, those expired at the verification's time (stored until
     /// their partition is dropped or the in-flight table swept).
     pub expired_records: u64,
-    /// Rows of `idemdb_horizon` read.
+    /// Rows of `idemdb_recognised` (and of `idemdb_horizon`, older builds' rows) read.
     pub horizon_rows: u64,
-    /// Key tags in them.
+    /// Keys recognised in them (hashes, and older builds' 32-bit tags).
     pub horizon_tags: u64,
     /// Tables without idemdb's prefix (the caller's business tables): not checked.
     pub other_tables: u64,
@@ -272,8 +274,22 @@ impl<P: FnMut(u64)> Check<'_, P> {
         }
     }
 
-    /// The beyond-horizon rows: `until ‖ name` → sorted distinct u32 LE tags.
+    /// The beyond-horizon rows: `until ‖ name` → sorted distinct u64 LE hashes in
+    /// `idemdb_recognised` (absent until a first drop or sweep), u32 LE tags in
+    /// `idemdb_horizon` (older builds').
     fn horizon(&mut self, txn: &ReadTransaction) -> Result<(), Error> {
+        let name = RECOGNISED.name();
+        match txn.open_table(RECOGNISED) {
+            Ok(table) => {
+                for row in table.iter()? {
+                    let (k, v) = row?;
+                    let decoded = decode_hashes(v.value()).map(Iterator::collect::<Vec<u64>>);
+                    self.horizon_row(name, k.value(), decoded)?;
+                }
+            }
+            Err(TableError::TableDoesNotExist(_)) => {}
+            Err(e) => self.unreadable(name, e)?,
+        }
         let name = HORIZON.name();
         let table = match txn.open_table(HORIZON) {
             Ok(table) => table,
@@ -281,28 +297,39 @@ impl<P: FnMut(u64)> Check<'_, P> {
         };
         for row in table.iter()? {
             let (k, v) = row?;
-            self.report.horizon_rows += 1;
-            let key = k.value();
-            match row_source(key) {
-                Err(e) => self.problem(name, Some(key), corrupted_text(e)),
-                Ok(source) if !is_source(source) => {
-                    let what = format!("row key names {source:?}, not a partition or a sweep");
-                    self.problem(name, Some(key), what);
-                }
-                Ok(_) => {}
+            let decoded = decode_tags(v.value()).map(Iterator::collect::<Vec<u32>>);
+            self.horizon_row(name, k.value(), decoded)?;
+        }
+        Ok(())
+    }
+
+    /// One row of `table`: its key names a source, its set is sorted and distinct.
+    fn horizon_row<T: Ord>(
+        &mut self,
+        table: &str,
+        key: &[u8],
+        set: Result<Vec<T>, Error>,
+    ) -> Result<(), Error> {
+        self.report.horizon_rows += 1;
+        match row_source(key) {
+            Err(e) => self.problem(table, Some(key), corrupted_text(e)),
+            Ok(source) if !is_source(source) => {
+                let what = format!("row key names {source:?}, not a partition or a sweep");
+                self.problem(table, Some(key), what);
             }
-            let tags: Vec<u32> = match decode_tags(v.value()) {
-                Ok(tags) => tags.collect(),
-                Err(e) => {
-                    self.problem(name, Some(key), corrupted_text(e));
-                    continue;
-                }
-            };
-            self.report.horizon_tags += tags.len() as u64;
-            if tags.windows(2).any(|w| w[0] >= w[1]) {
-                let what = "tags are not sorted and distinct".to_string();
-                self.problem(name, Some(key), what);
+            Ok(_) => {}
+        }
+        let set = match set {
+            Ok(set) => set,
+            Err(e) => {
+                self.problem(table, Some(key), corrupted_text(e));
+                return Ok(());
             }
+        };
+        self.report.horizon_tags += set.len() as u64;
+        if set.windows(2).any(|w| w[0] >= w[1]) {
+            let what = "tags are not sorted and distinct".to_string();
+            self.problem(table, Some(key), what);
         }
         Ok(())
     }

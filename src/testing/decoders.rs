@@ -3,7 +3,9 @@
 //! to what it read (canonical forms only). And valid samples of each, its seed corpus.
 
 use crate::record::Record;
-use crate::records::horizon::{decode_tags, encode_tags, row_key, row_source, row_until};
+use crate::records::horizon::{
+    decode_hashes, decode_tags, encode_hashes, encode_tags, row_key, row_source, row_until,
+};
 use crate::records::partition::PartitionName;
 use crate::wal::frame::fuzz as wal;
 use crate::wal::state::LogState;
@@ -51,6 +53,10 @@ pub fn decode_any(data: &[u8]) {
             if let Ok(tags) = decode_tags(value) {
                 let tags: Vec<u32> = tags.collect();
                 assert_eq!(encode_tags(&tags), value);
+            }
+            if let Ok(hashes) = decode_hashes(value) {
+                let hashes: Vec<u64> = hashes.collect();
+                assert_eq!(encode_hashes(&hashes), value);
             }
         }
         4 => wal::header_and_cycle_round_trip(bytes),

@@ -543,9 +543,10 @@ fn write_raw<K: redb::Key + 'static, V: redb::Value + 'static>(
 fn damaged_meta_and_horizon_rows_are_refused_at_open() {
     const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
     const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
+    const RECOGNISED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_recognised");
     /// What is damaged, how, the exit code and the message expected.
     type Case = (&'static str, fn(&Path), i32, &'static str);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         (
             "newer format",
             |path| write_raw(path, META, "format_version", &9u32.to_le_bytes()[..]),
@@ -569,6 +570,15 @@ fn damaged_meta_and_horizon_rows_are_refused_at_open() {
             |path| write_raw(path, HORIZON, &[1u8, 2, 3][..], &[][..]),
             6,
             "the database is corrupt: horizon row key of 3 bytes",
+        ),
+        (
+            "a recognition row in force that is not whole hashes",
+            |path| {
+                let key = [&u64::MAX.to_be_bytes()[..], b"idemdb_inflight@1"].concat();
+                write_raw(path, RECOGNISED, key.as_slice(), &[1u8, 2, 3][..])
+            },
+            6,
+            "idemdb_recognised: set of 3 bytes is not whole 8-byte hashes",
         ),
     ];
     for (what, damage, code, message) in cases {
