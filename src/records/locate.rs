@@ -46,13 +46,14 @@ impl Layout {
     /// allocated once, at the size its count (taken first) needs.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
-        let names = partition_tables(&txn)?;
-        let partitions = Partitions::from_names(names.iter().map(String::as_str));
-        let Counted {
-            records,
-            horizon_keys,
-            horizon_tags,
-        } = count(&txn, &partitions, now)?;
+        let (
+            partitions,
+            Counted {
+                records,
+                horizon_keys,
+                horizon_tags,
+            },
+        ) = counted_catalog(&txn, now)?;
         let index = KeyIndex::with_capacity(seed, records);
         let rows = match txn.open_table(SUMMARIES) {
             Ok(rows) => Some(rows),
@@ -136,6 +137,14 @@ struct Counted {
     horizon_tags: u64,
 }
 
+/// The partition catalog of `txn` (from its table names) and what its maps will hold at `now`.
+fn counted_catalog(txn: &redb::ReadTransaction, now: u64) -> Result<(Partitions, Counted), Error> {
+    let names = partition_tables(txn)?;
+    let partitions = Partitions::from_names(names.iter().map(String::as_str));
+    let counted = count(txn, &partitions, now)?;
+    Ok((partitions, counted))
+}
+
 fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Result<Counted, Error> {
     let mut records = 0u64;
     for part in partitions.catalog().parts() {
@@ -168,13 +177,14 @@ pub(crate) fn check_budget(
     budget: u64,
 ) -> Result<(), Error> {
     let txn = db.begin_read()?;
-    let names = partition_tables(&txn)?;
-    let partitions = Partitions::from_names(names.iter().map(String::as_str));
-    let Counted {
-        records,
-        horizon_keys,
-        horizon_tags,
-    } = count(&txn, &partitions, now)?;
+    let (
+        _,
+        Counted {
+            records,
+            horizon_keys,
+            horizon_tags,
+        },
+    ) = counted_catalog(&txn, now)?;
     let needed = MemoryUse {
         key_index: key_index::bytes_for(records),
         horizon: horizon::bytes_for(horizon_keys, horizon_tags),

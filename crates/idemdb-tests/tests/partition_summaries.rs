@@ -36,6 +36,16 @@ fn fill(db: &IdemDb, prefix: &str, count: usize) {
     }
 }
 
+/// A database at `path` holding `count` keys `a-…` in one partition whose window closed and
+/// that a pass summarised.
+fn summarized_partition(path: &Path, clock: &ManualClock, count: usize) -> IdemDb {
+    let db = open(path, clock);
+    fill(&db, "a", count);
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(db.compact_now().unwrap().partitions_summarized, 1);
+    db
+}
+
 fn replays(db: &IdemDb, key: &str) -> bool {
     let answer = db.reserve(&scope(), &Key::new(key), b"x", LEASE).unwrap();
     answer == ReserveOutcome::Completed(format!("r-{key}").into_bytes())
@@ -86,10 +96,7 @@ fn an_open_reads_only_the_partitions_without_a_summary_that_holds() {
 #[test]
 fn a_record_placed_in_a_summarized_partition_makes_the_open_read_it() {
     let (_dir, path, clock) = reopenable();
-    let db = open(&path, &clock);
-    fill(&db, "a", 100);
-    clock.advance(Duration::from_secs(120));
-    assert_eq!(db.compact_now().unwrap().partitions_summarized, 1);
+    let db = summarized_partition(&path, &clock, 100);
     // The clock goes back into the closed window: the record is placed in its partition,
     // after its summary was written.
     clock.set(T0 + 30_000);
@@ -106,11 +113,7 @@ fn a_record_placed_in_a_summarized_partition_makes_the_open_read_it() {
 #[test]
 fn a_table_of_the_same_name_and_length_made_again_is_read_not_trusted() {
     let (_dir, path, clock) = reopenable();
-    let db = open(&path, &clock);
-    fill(&db, "a", 50);
-    clock.advance(Duration::from_secs(120));
-    assert_eq!(db.compact_now().unwrap().partitions_summarized, 1);
-    drop(db);
+    drop(summarized_partition(&path, &clock, 50));
     // As a build that keeps no rows would leave it: the partition dropped and made again
     // under its name with as many records, other keys, and the row left behind.
     let table = partition_tables(&path).remove(0);
@@ -156,10 +159,7 @@ fn a_table_of_the_same_name_and_length_made_again_is_read_not_trusted() {
 #[test]
 fn a_drop_removes_the_summary_and_recognises_keys_placed_after_it() {
     let (_dir, path, clock) = reopenable();
-    let db = open(&path, &clock);
-    fill(&db, "a", 100);
-    clock.advance(Duration::from_secs(120));
-    assert_eq!(db.compact_now().unwrap().partitions_summarized, 1);
+    let db = summarized_partition(&path, &clock, 100);
     clock.set(T0 + 30_000);
     fill(&db, "late", 1);
     // Past the TTL and the window: the partition is dropped, its keys recognised, the late
@@ -185,11 +185,7 @@ fn a_drop_removes_the_summary_and_recognises_keys_placed_after_it() {
 #[test]
 fn a_summary_that_does_not_decode_refuses_the_open_naming_it() {
     let (_dir, path, clock) = reopenable();
-    let db = open(&path, &clock);
-    fill(&db, "a", 10);
-    clock.advance(Duration::from_secs(120));
-    assert_eq!(db.compact_now().unwrap().partitions_summarized, 1);
-    drop(db);
+    drop(summarized_partition(&path, &clock, 10));
     let table = partition_tables(&path).remove(0);
     {
         let redb = redb::Database::open(&path).unwrap();
