@@ -19,7 +19,7 @@ use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
 use crate::records::summary::{self, SUMMARIES, Summary};
 use crate::stats::Counter;
-use crate::writer::Writer;
+use crate::writer::{Touches, Writer};
 use idemdb_core::clock::Clock;
 use idemdb_core::scope::RecordKey;
 
@@ -95,7 +95,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
     Ok(report)
 }
 
-/// Drops `step`'s partitions in one durable commit, keeping their keys' tags for the extended
+/// Drops `step`'s partitions in one durable commit, keeping their keys' hashes for the extended
 /// horizon. Returns their record count.
 fn drop_partitions(
     writer: &Writer,
@@ -105,6 +105,7 @@ fn drop_partitions(
     let engine = &*writer.engine;
     let layout = &engine.layout;
     let dropped = writer.exclusive(
+        Touches::Records,
         |txn| {
             let mut dropped = Vec::with_capacity(step.len());
             for (part, read) in step {
@@ -123,15 +124,11 @@ fn drop_partitions(
                 summary::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);
                 // Recognised by their whole hashes (sorted, distinct).
-                let tags = if layout.rules.keeps(until, now) {
-                    keys.hashes.clone()
-                } else {
-                    Vec::new()
-                };
-                if !tags.is_empty() {
-                    write_row(txn, until, &part.table, &tags)?;
+                let kept = layout.rules.keeps(until, now) && !keys.hashes.is_empty();
+                if kept {
+                    write_row(txn, until, &part.table, &keys.hashes)?;
                 }
-                dropped.push((part, keys, until, tags));
+                dropped.push((part, keys, until, kept));
             }
             Ok(dropped)
         },
@@ -139,9 +136,11 @@ fn drop_partitions(
         // recreates) a table, none runs between a drop and the recognition of its keys, and
         // a drop that did not commit is not forgotten in memory.
         |dropped| {
-            for (part, _, until, tags) in dropped {
+            for (part, keys, until, kept) in dropped {
                 layout.partitions.remove(part.id);
-                layout.horizon.add(tags.iter().copied(), *until);
+                if *kept {
+                    layout.horizon.add(keys.hashes.iter().copied(), *until);
+                }
             }
         },
     )?;
@@ -218,6 +217,7 @@ fn summarize(writer: &Writer, now: u64) -> Result<u64, Error> {
             continue;
         }
         let done = writer.exclusive(
+            Touches::RowsBeside,
             |txn| {
                 let mut done = Vec::with_capacity(step.len());
                 for (part, summary) in step {
@@ -256,6 +256,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
     }
     let name = sweep_source(now);
     let (count, _) = writer.exclusive(
+        Touches::Records,
         |txn| {
             let mut table = txn.open_table(INFLIGHT)?;
             let mut removed = Vec::new();
@@ -279,16 +280,16 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
                     sets.entry(until).or_default().push(layout.index.hash(key));
                 }
             }
-            for (until, tags) in &mut sets {
-                tags.sort_unstable();
-                tags.dedup();
-                write_row(txn, *until, &name, tags)?;
+            for (until, hashes) in &mut sets {
+                hashes.sort_unstable();
+                hashes.dedup();
+                write_row(txn, *until, &name, hashes)?;
             }
             Ok((removed.len() as u64, sets))
         },
         |(_, sets)| {
-            for (until, tags) in sets {
-                layout.horizon.add(tags.iter().copied(), *until);
+            for (until, hashes) in sets {
+                layout.horizon.add(hashes.iter().copied(), *until);
             }
         },
     )?;
@@ -328,6 +329,7 @@ fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
     }
     let retired = due.iter().map(|(_, keys)| keys.len() as u64).sum();
     writer.exclusive(
+        Touches::RowsBeside,
         |txn| {
             for (table, keys) in &due {
                 let mut table = txn.open_table(*table)?;

@@ -14,7 +14,7 @@
 //! out; nothing writes them any more.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
@@ -136,6 +136,9 @@ pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_
 pub(crate) struct Horizon {
     keys: RwLock<HashMap<u64, u64>>,
     tags: RwLock<HashMap<u32, u64>>,
+    /// `tags` holds any: a fresh acquisition's check takes its lock only then (older rows
+    /// are loaded at open and only retired after).
+    has_tags: AtomicBool,
     /// Nothing in either map runs out before this: a pass with nothing to retire does not
     /// walk them.
     earliest: AtomicU64,
@@ -146,6 +149,7 @@ impl Default for Horizon {
         Horizon {
             keys: RwLock::default(),
             tags: RwLock::default(),
+            has_tags: AtomicBool::new(false),
             earliest: AtomicU64::new(u64::MAX),
         }
     }
@@ -170,7 +174,8 @@ impl Horizon {
     /// by its whole hash, or by the upper half an older build's row kept.
     pub(crate) fn recognises(&self, hash: u64, now: u64) -> bool {
         let live = |until: Option<&u64>| until.is_some_and(|&until| now < until);
-        live(self.keys.read().get(&hash)) || live(self.tags.read().get(&tag(hash)))
+        live(self.keys.read().get(&hash))
+            || (self.has_tags.load(Ordering::Acquire) && live(self.tags.read().get(&tag(hash))))
     }
 
     /// Recognises the keys of `hashes` until `until`.
@@ -182,9 +187,11 @@ impl Horizon {
 
     /// Recognises the 32-bit `tags` of an older build's row until `until`.
     pub(crate) fn add_tags(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
-        if add_to(&mut self.tags.write(), tags, until) {
+        let mut map = self.tags.write();
+        if add_to(&mut map, tags, until) {
             self.earliest.fetch_min(until, Ordering::Relaxed);
         }
+        self.has_tags.store(!map.is_empty(), Ordering::Release);
     }
 
     /// Forgets keys and tags whose horizon passed.
@@ -196,6 +203,7 @@ impl Horizon {
         let mut tags = self.tags.write();
         keys.retain(|_, until| now < *until);
         tags.retain(|_, until| now < *until);
+        self.has_tags.store(!tags.is_empty(), Ordering::Release);
         let earliest = keys.values().chain(tags.values()).copied().min();
         self.earliest
             .store(earliest.unwrap_or(u64::MAX), Ordering::Relaxed);

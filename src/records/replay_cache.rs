@@ -185,6 +185,12 @@ impl ReplayCache {
         shard.remove(hash);
     }
 
+    /// Records held.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().entries.len()).sum()
+    }
+
     /// Forgets everything and refuses fills read before now (records were rewritten or
     /// dropped outside a batch).
     pub(crate) fn clear(&self) {

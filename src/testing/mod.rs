@@ -89,6 +89,11 @@ pub fn partitions_probed(
     Ok(named.ids().filter(|&id| catalog.get(id).is_some()).count())
 }
 
+/// How many finished records the replay cache holds (docs/design.md §6).
+pub fn cached_replays(db: &crate::db::IdemDb) -> usize {
+    db.engine.replays.len()
+}
+
 /// Makes every refresh of the shared read snapshot fail from now on (and drops the current
 /// one): readers then open a read transaction of their own, which shows commits that are not
 /// durable yet, so only the durability tracker stands between them and such state.

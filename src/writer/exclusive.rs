@@ -8,6 +8,16 @@ use std::sync::Arc;
 
 use crate::error::{CommitFailed, Error};
 
+/// What an exclusive step changes, for what it must invalidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Touches {
+    /// Records are removed (a drop, a sweep): no record the replay cache holds is trusted.
+    Records,
+    /// Only rows beside the records (summaries, retired recognition rows): every cached
+    /// record is still the stored one.
+    RowsBeside,
+}
+
 impl Writer {
     /// Runs `f` in a durable write transaction of its own, between the writer's batches (the
     /// compactor's drops); once it committed, `publish` applies its in-memory side, still
@@ -15,6 +25,7 @@ impl Writer {
     /// a batch's would, and publishes nothing.
     pub(crate) fn exclusive<T>(
         &self,
+        touches: Touches,
         f: impl FnOnce(&WriteTransaction) -> Result<T, Error>,
         publish: impl FnOnce(&T),
     ) -> Result<T, Error> {
@@ -57,8 +68,10 @@ impl Writer {
             .map_err(fail)?;
         publish(&out);
         engine.snapshots.refresh();
-        // Records were removed or rewritten outside a batch: no cached one is trusted.
-        engine.replays.clear();
+        if touches == Touches::Records {
+            // Records were removed outside a batch: no cached one is trusted.
+            engine.replays.clear();
+        }
         Ok(out)
     }
 }

@@ -20,4 +20,5 @@ pub(crate) mod op;
 mod queue;
 mod settle;
 
+pub(crate) use exclusive::Touches;
 pub(crate) use group_commit::Writer;

@@ -164,3 +164,32 @@ fn an_expired_cached_record_is_absent() {
     );
     assert_eq!(answers, (ReserveOutcome::Completed(b"one".to_vec()), true));
 }
+
+#[test]
+fn a_pass_that_only_writes_rows_beside_the_records_keeps_the_cache() {
+    // Summaries (and retired recognition rows) change no record: the cached answers stay.
+    // A drop removes records: they go.
+    let clock = ManualClock::new(T0);
+    let (_dir, db) = open(&clock, minutes(60), 32 << 20);
+    let key = Key::new("order-3");
+    let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
+    db.complete(&first, b"kept".to_vec()).unwrap();
+    let replay = || db.reserve(&scope(), &key, b"order", LEASE).unwrap();
+    assert_eq!(replay(), ReserveOutcome::Completed(b"kept".to_vec()));
+    assert_eq!(idemdb::testing::cached_replays(&db), 1);
+    clock.set(T0 + 2 * 60_000);
+    let report = db.compact_now().unwrap();
+    assert_eq!(
+        (report.partitions_summarized, report.partitions_dropped),
+        (1, 0)
+    );
+    assert_eq!(
+        idemdb::testing::cached_replays(&db),
+        1,
+        "a summary cleared the cache"
+    );
+    assert_eq!(replay(), ReserveOutcome::Completed(b"kept".to_vec()));
+    clock.set(T0 + 2 * 3_600_000);
+    assert_eq!(db.compact_now().unwrap().partitions_dropped, 1);
+    assert_eq!(idemdb::testing::cached_replays(&db), 0);
+}
