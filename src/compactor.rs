@@ -19,6 +19,7 @@ use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
 use crate::records::summary::{self, SUMMARIES, Summary};
 use crate::stats::Counter;
+use crate::widen::widen;
 use crate::writer::{Touches, Writer};
 use idemdb_core::clock::Clock;
 use idemdb_core::scope::RecordKey;
@@ -38,6 +39,10 @@ pub struct CompactionReport {
     /// Partitions whose window closed that got their summary (their keys kept beside them,
     /// so that an open and their drop need not read them).
     pub partitions_summarized: u64,
+    /// Wide partitions built from the narrow partitions of their window, once it closed.
+    pub wide_partitions_built: u64,
+    /// Narrow partitions merged into them (their records moved, their tables dropped).
+    pub partitions_widened: u64,
 }
 
 /// Partitions dropped in one durable commit, at most, and the records in them: a pass holds
@@ -90,6 +95,9 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
         report.partitions_dropped += partitions;
     }
     report.partitions_summarized = summarize(writer, now)?;
+    let widened = widen(writer, now)?;
+    report.wide_partitions_built = widened.built;
+    report.partitions_widened = widened.merged;
     report.in_flight_expired = sweep_in_flight(writer, now)?;
     report.horizon_sets_retired = retire_horizon(writer, now)?;
     Ok(report)

@@ -36,6 +36,9 @@ pub(crate) struct Engine {
     pub(crate) tables: TableRegistry,
     /// Serialises compaction passes (the background one and `compact_now`).
     pub(crate) compaction: Mutex<()>,
+    /// Tests run this before the next widening switch (testing::before_next_widening_switch).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) before_widening_switch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Set when a commit failed or an engine thread panicked: writes are refused until reopen.
     poisoned: AtomicBool,
     /// Why, when it was not a failed commit.
@@ -65,6 +68,8 @@ impl Engine {
             waits: WaitRegistry::default(),
             tables,
             compaction: Mutex::new(()),
+            #[cfg(feature = "test-hooks")]
+            before_widening_switch: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(None),
         }

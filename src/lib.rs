@@ -61,6 +61,7 @@ mod scan;
 // The engine's shared state, the group-commit writer, the compactor above it.
 mod compactor;
 mod engine;
+mod widen;
 mod writer;
 // The handle and its builder; the public operations on it.
 mod builder;

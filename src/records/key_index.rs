@@ -163,6 +163,13 @@ impl KeyIndex {
     /// partition's keys, not the index's. An id that names a key the partition did not hold
     /// (a rolled-back write) stays: an extra probe, until the next open rebuilds the index.
     pub(crate) fn remove_keys(&self, hashes: &[u64], id: PartitionId) {
+        self.remove_keys_of(hashes, &[id]);
+    }
+
+    /// As [`remove_keys`](Self::remove_keys), for every partition of `ids` (sorted) at once
+    /// (the narrow partitions a wide one replaced: `hashes` are all of their keys).
+    pub(crate) fn remove_keys_of(&self, hashes: &[u64], ids: &[PartitionId]) {
+        debug_assert!(ids.is_sorted());
         for run in hashes.chunk_by(|a, b| shard_of(*a) == shard_of(*b)) {
             let Some(&first) = run.first() else {
                 continue;
@@ -172,18 +179,18 @@ impl KeyIndex {
             for hash in run {
                 if let Some(slots) = two.get_mut(hash) {
                     for s in slots.iter_mut() {
-                        if *s == id {
+                        if ids.binary_search(s).is_ok() {
                             *s = 0;
                         }
                     }
                     if *slots == [0, 0] {
                         two.remove(hash);
                     }
-                } else if let Some(ids) = more.get_mut(hash) {
-                    ids.retain(|&x| x != id);
-                    if ids.len() <= 2 {
+                } else if let Some(list) = more.get_mut(hash) {
+                    list.retain(|x| ids.binary_search(x).is_err());
+                    if list.len() <= 2 {
                         // Back inline (an emptied entry goes).
-                        let slot = |i: usize| ids.get(i).copied().unwrap_or(0);
+                        let slot = |i: usize| list.get(i).copied().unwrap_or(0);
                         let slots = [slot(0), slot(1)];
                         more.remove(hash);
                         if slots != [0, 0] {

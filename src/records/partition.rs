@@ -7,7 +7,7 @@
 //! A record goes to the partition of its own window, whatever newer partitions exist, so one
 //! record written under a clock that was far ahead holds back only its own partition.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,6 +19,20 @@ use idemdb_core::retention::Rules;
 
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
 const PREFIX: &str = "idemdb_p_";
+
+/// Table name prefix of a wide partition under construction (widen.rs): the wide partition's
+/// name with this prefix instead. Never read as a partition; one left by a crash or a failed
+/// pass is deleted by the next.
+const BUILD_PREFIX: &str = "idemdb_b_";
+
+/// A wide partition spans about this fraction of its TTL (widen.rs): its records stay on disk
+/// up to 1/16 of a TTL after they expired, and the records of its window wait in narrow
+/// partitions until it closed.
+const WIDE_PER_TTL: u64 = 16;
+
+/// A wide partition spans at most this (ms): it is built in one pass, which holds its keys'
+/// hashes in memory (8 B each) until the switch.
+const WIDE_AT_MOST_MS: u64 = 3_600_000;
 
 /// In-process identity of a partition, for the key index. Ids wrap back to 1 only after
 /// 4 billion partitions were created in one process.
@@ -68,6 +82,40 @@ impl PartitionName {
             width,
             ttl,
         }
+    }
+
+    /// The table a wide partition of this name is built in before it is renamed to its own.
+    pub(crate) fn build_table_name(&self) -> String {
+        format!(
+            "{BUILD_PREFIX}{:020}_{}_{}",
+            self.start, self.width, self.ttl
+        )
+    }
+
+    /// Whether `table` is a wide partition's table under construction.
+    pub(crate) fn is_build_table(table: &str) -> bool {
+        table.starts_with(BUILD_PREFIX)
+    }
+
+    /// The wide partition whose window holds this one's, if this is a partition of the
+    /// configured width whose records a wide partition gathers: the widest multiple of the
+    /// width that is at most 1/16 of the TTL and at most an hour, aligned on the epoch, at
+    /// least twice the width (a TTL under 32 widths gets none).
+    pub(crate) fn wide(&self, rules: &Rules) -> Option<PartitionName> {
+        let width = rules.width_ms;
+        if width == 0 || self.width != width {
+            return None;
+        }
+        let per_wide = (self.ttl / WIDE_PER_TTL).min(WIDE_AT_MOST_MS) / width;
+        if per_wide < 2 {
+            return None;
+        }
+        let wide = per_wide.checked_mul(width)?;
+        Some(PartitionName {
+            start: self.start - self.start % wide,
+            width: wide,
+            ttl: self.ttl,
+        })
     }
 
     /// Until when the keys of this partition, once dropped, are recognised: its window's end +
@@ -121,10 +169,18 @@ impl Partition {
 /// The names of the partition tables in `txn`: the tables are the catalog, there is no other
 /// list to keep in step.
 pub(crate) fn partition_tables(txn: &ReadTransaction) -> Result<Vec<String>, Error> {
+    partition_tables_with(txn, PartitionName::is_partition_table)
+}
+
+/// The names of the tables in `txn` that `wanted` picks.
+pub(crate) fn partition_tables_with(
+    txn: &ReadTransaction,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, Error> {
     Ok(txn
         .list_tables()?
         .map(|t| t.name().to_string())
-        .filter(|n| PartitionName::is_partition_table(n))
+        .filter(|n| wanted(n))
         .collect())
 }
 
@@ -187,6 +243,9 @@ pub(crate) struct Placement {
 pub(crate) struct Partitions {
     current: RwLock<Arc<Catalog>>,
     next_id: RwLock<PartitionId>,
+    /// Wide windows whose narrow partitions hold one key twice (widen.rs): left as they are
+    /// by this process.
+    unmergeable: RwLock<BTreeSet<PartitionName>>,
 }
 
 impl Partitions {
@@ -209,11 +268,59 @@ impl Partitions {
         Partitions {
             current: RwLock::new(Arc::new(Catalog::new(parts))),
             next_id: RwLock::new(next_id),
+            unmergeable: RwLock::default(),
         }
     }
 
     pub(crate) fn catalog(&self) -> Arc<Catalog> {
         Arc::clone(&self.current.read())
+    }
+
+    /// A fresh id, for a partition not yet in the catalog.
+    fn allocate_id(&self) -> PartitionId {
+        let mut next = self.next_id.write();
+        let id = *next;
+        // 0 is the key index's empty slot, never an id.
+        *next = if *next >= PartitionId::MAX - 1 {
+            1
+        } else {
+            *next + 1
+        };
+        id
+    }
+
+    /// A partition named `name` with a fresh id, not yet in the catalog (a wide partition
+    /// being built: the key index names it before the catalog does).
+    pub(crate) fn detached(&self, name: PartitionName) -> Arc<Partition> {
+        Arc::new(Partition {
+            id: self.allocate_id(),
+            table: name.table_name().into(),
+            name,
+            summarized: AtomicBool::new(false),
+        })
+    }
+
+    /// Remembers that the narrow partitions of wide window `wide` cannot be merged.
+    pub(crate) fn mark_unmergeable(&self, wide: PartitionName) {
+        self.unmergeable.write().insert(wide);
+    }
+
+    pub(crate) fn is_unmergeable(&self, wide: &PartitionName) -> bool {
+        self.unmergeable.read().contains(wide)
+    }
+
+    /// Installs `added` in place of the partitions `removed` (sorted; whose records it holds
+    /// now).
+    pub(crate) fn replace(&self, removed: &[PartitionId], added: Arc<Partition>) {
+        let mut current = self.current.write();
+        let mut parts: Vec<Arc<Partition>> = current
+            .parts
+            .iter()
+            .filter(|p| removed.binary_search(&p.id).is_err())
+            .cloned()
+            .collect();
+        parts.push(added);
+        *current = Arc::new(Catalog::new(parts));
     }
 
     /// The partition `name` (a record's own window: `PartitionName::of_record`), created if
@@ -244,17 +351,7 @@ impl Partitions {
             }
             newer_exists |= p.name.start > name.start;
         }
-        let id = {
-            let mut next = self.next_id.write();
-            let id = *next;
-            // 0 is the key index's empty slot, never an id.
-            *next = if *next >= PartitionId::MAX - 1 {
-                1
-            } else {
-                *next + 1
-            };
-            id
-        };
+        let id = self.allocate_id();
         let part = Arc::new(Partition {
             id,
             table: name.table_name().into(),
@@ -329,6 +426,41 @@ mod tests {
         ] {
             assert_eq!(PartitionName::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_wide_window_is_a_sixteenth_of_the_ttl_at_most_an_hour_in_whole_widths() {
+        use idemdb_core::retention::Retention;
+        use std::time::Duration;
+        let rules = |width_s: u64, ttl_s: u64| {
+            Retention::default()
+                .partition_width(Duration::from_secs(width_s))
+                .ttl(Duration::from_secs(ttl_s))
+                .rules(Duration::from_secs(10))
+        };
+        let wide =
+            |r: &Rules, start: u64, ttl_s: u64| name(start, r.width_ms, ttl_s * 1000).wide(r);
+        // The defaults: 10 s under 24 h (a sixteenth: 1 h 30 min) and under 7 days: an hour.
+        let day = rules(10, 86_400);
+        assert_eq!(
+            wide(&day, 7_210_000, 86_400),
+            Some(name(7_200_000, 3_600_000, 86_400_000))
+        );
+        assert_eq!(
+            wide(&day, 7_210_000, 7 * 86_400).map(|w| w.width),
+            Some(3_600_000)
+        );
+        // 1 min under 60 min: 3 min 45 s, in whole widths 3 min, aligned on the epoch.
+        let hour = rules(60, 3_600);
+        assert_eq!(
+            wide(&hour, 420_000, 3_600),
+            Some(name(360_000, 180_000, 3_600_000))
+        );
+        // Under 32 widths of TTL: none (10 s under 5 min is a sixteenth of 18.75 s).
+        assert_eq!(wide(&rules(10, 300), 0, 300), None);
+        assert_eq!(wide(&rules(10, 320), 0, 320).map(|w| w.width), Some(20_000));
+        // A partition of another width than the configured one (an older setting): none.
+        assert_eq!(name(0, 5_000, 86_400_000).wide(&day), None);
     }
 
     #[test]

@@ -35,6 +35,17 @@ pub(crate) struct Summary {
 }
 
 impl Summary {
+    /// The summary of a table of `count` records whose first and last keys (in key order) hash
+    /// to `first` and `last`, and whose keys hash to `hashes` (sorted, distinct).
+    pub(crate) fn new(count: u64, first: u64, last: u64, hashes: Vec<u64>) -> Summary {
+        Summary {
+            count,
+            first,
+            last,
+            hashes,
+        }
+    }
+
     /// Reads every key of `table`.
     pub(crate) fn of_table(
         table: &impl ReadableTable<&'static [u8], &'static [u8]>,

@@ -112,6 +112,13 @@ pub fn before_next_refresh(db: &crate::db::IdemDb, hook: impl FnOnce() + Send + 
     *db.engine.snapshots.before_refresh.lock() = Some(Box::new(hook));
 }
 
+/// Runs `hook` once, on the compacting thread, after the next wide partition was built and
+/// before the switch to it (docs/design.md §8.8): no lock of the writer is held, so `hook`
+/// may write (through a handle it owns).
+pub fn before_next_widening_switch(db: &crate::db::IdemDb, hook: impl FnOnce() + Send + 'static) {
+    *db.engine.before_widening_switch.lock() = Some(Box::new(hook));
+}
+
 /// Runs `hook` once, on the writer's leader thread, when the next batch that changes a record
 /// reaches its durability point: applied, its transactions committed, its frame not yet
 /// written (it waits for `hook` to return).

@@ -13,8 +13,9 @@ use crate::error::{CommitFailed, Error};
 pub(crate) enum Touches {
     /// Records are removed (a drop, a sweep): no record the replay cache holds is trusted.
     Records,
-    /// Only rows beside the records (summaries, retired recognition rows): every cached
-    /// record is still the stored one.
+    /// Only rows beside the records (summaries, retired recognition rows), or records moved
+    /// unchanged from one table to another (widening): every cached record is still the
+    /// stored one.
     RowsBeside,
 }
 

@@ -106,7 +106,7 @@ pub enum Command {
         limit: Option<u64>,
     },
     /// One compaction pass now: drop expired partitions, sweep abandoned reservations, retire
-    /// horizon sets.
+    /// horizon sets, summarise closed partitions and merge those of a closed hour into one.
     Compact {
         /// The database file.
         path: PathBuf,

@@ -292,15 +292,22 @@ pub fn compact(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliErr
             "records_expired": report.records_expired,
             "in_flight_expired": report.in_flight_expired,
             "horizon_sets_retired": report.horizon_sets_retired,
+            "partitions_summarized": report.partitions_summarized,
+            "wide_partitions_built": report.wide_partitions_built,
+            "partitions_widened": report.partitions_widened,
         }))?;
     } else {
         ctx.out.line(&format!(
             "dropped {} partitions ({} expired records), swept {} abandoned reservations, \
-             retired {} horizon sets",
+             retired {} horizon sets, summarised {} partitions, built {} wide partitions \
+             from {}",
             report.partitions_dropped,
             report.records_expired,
             report.in_flight_expired,
-            report.horizon_sets_retired
+            report.horizon_sets_retired,
+            report.partitions_summarized,
+            report.wide_partitions_built,
+            report.partitions_widened
         ))?;
     }
     Ok(code::OK)

@@ -12,7 +12,8 @@
 //! the machine is. `IDEMDB_WORKER_TTL_MS` gives the records that TTL, partitions a quarter of
 //! it wide and a compactor every tenth of it, so that partitions expire and drop while the
 //! workload runs; the worker then also prints `DROPS n` whenever the count of partitions it
-//! dropped grows.
+//! dropped grows. `IDEMDB_WORKER_WIDTH_MS` sets that partition width instead (a width under
+//! 1/32 of the TTL: closed partitions are widened, docs/design.md §8.8).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -95,12 +96,12 @@ fn worker(db: &IdemDb, run: &str, thread: usize, ops: u64) -> Result<(), Error> 
     Ok(())
 }
 
-/// Records live `ttl_ms`; partitions are a quarter of it wide; the compactor looks every tenth
-/// of it. Must match tests/common/worker.rs.
-fn expiring(ttl_ms: u64) -> Retention {
+/// Records live `ttl_ms`; partitions are `width_ms` wide (default: a quarter of the TTL);
+/// the compactor looks every tenth of the TTL. Must match tests/common/worker.rs.
+fn expiring(ttl_ms: u64, width_ms: Option<u64>) -> Retention {
     Retention::default()
         .ttl(Duration::from_millis(ttl_ms))
-        .partition_width(Duration::from_millis((ttl_ms / 4).max(1)))
+        .partition_width(Duration::from_millis(width_ms.unwrap_or(ttl_ms / 4).max(1)))
         .compact_interval(Some(Duration::from_millis((ttl_ms / 10).max(1))))
 }
 
@@ -120,7 +121,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let expiring = match std::env::var("IDEMDB_WORKER_TTL_MS") {
         Ok(ms) => {
             let ttl: u64 = ms.parse()?;
-            builder = builder.retention(expiring(ttl));
+            let width = match std::env::var("IDEMDB_WORKER_WIDTH_MS") {
+                Ok(ms) => Some(ms.parse()?),
+                Err(_) => None,
+            };
+            builder = builder.retention(expiring(ttl, width));
             true
         }
         Err(_) => false,

@@ -348,6 +348,13 @@ fn compact_drops_expired_partitions() {
     assert_eq!(v["partitions_dropped"], 1);
     assert_eq!(v["records_expired"], 2);
     assert_eq!(v["in_flight_expired"], 1);
+    assert_eq!(
+        (
+            v["wide_partitions_built"].clone(),
+            v["partitions_widened"].clone()
+        ),
+        (0.into(), 0.into())
+    );
     let (_, out, _) = run(&["stats", p(&path), "--json"]);
     let v = json(&out);
     assert_eq!(

@@ -86,13 +86,22 @@ fn thousands_of_partitions_answer_reopen_and_drop_whole() {
         }
     };
     replays_all(&db);
-    // Nothing is due before the first window's end + the TTL.
-    assert_eq!(db.compact_now().unwrap().partitions_dropped, 0);
+    // Nothing is due before the first window's end + the TTL; the closed 1-hour windows (five
+    // of the six or seven the six hours touch) are widened (docs/design.md §8.8).
+    let report = db.compact_now().unwrap();
+    assert_eq!(report.partitions_dropped, 0);
+    assert!(report.wide_partitions_built >= 5, "{report:?}");
+    let partitions = WINDOWS - report.partitions_widened + report.wide_partitions_built;
+    replays_all(&db);
     db.close();
 
     let db = open_retained(&path, &clock, retention());
     let stats = db.stats();
-    assert_eq!((stats.partitions, stats.indexed_keys), (WINDOWS, WINDOWS));
+    assert_eq!(
+        (stats.partitions, stats.indexed_keys),
+        (partitions, WINDOWS)
+    );
+    assert_eq!(stats.partitions_read_at_open, 1, "the open window's alone");
     replays_all(&db);
 
     // Past the last window's drop time (start + width + TTL): every partition goes, whole.
@@ -101,7 +110,7 @@ fn thousands_of_partitions_answer_reopen_and_drop_whole() {
     let report = db.compact_now().unwrap();
     assert_eq!(
         (report.partitions_dropped, report.records_expired),
-        (WINDOWS, WINDOWS)
+        (partitions, WINDOWS)
     );
     let stats = db.stats();
     assert_eq!((stats.partitions, stats.stored_records), (0, 0));
@@ -174,15 +183,20 @@ fn a_key_written_in_many_windows_is_looked_up_in_those_alone() {
     assert_eq!(answer(&db), Some(b"tick 4".to_vec()));
     // A poll partition is due 25 s after its window starts (width + TTL): at the last
     // round, those of rounds 0 to 2 are; the other operation's are not.
+    // The other operation's closed 1-hour windows are widened by the same pass (a 15 s TTL
+    // has none): it still reads one partition.
     let report = db.compact_now().unwrap();
     assert_eq!((report.partitions_dropped, report.records_expired), (3, 3));
+    assert!(report.wide_partitions_built >= 4, "{report:?}");
+    let partitions = WINDOWS - report.partitions_widened + report.wide_partitions_built;
     assert_eq!(partitions_probed(&db, &poll, &key).unwrap(), 2);
+    assert_eq!(partitions_probed(&db, &scope, &Key::new("k7")).unwrap(), 1);
     assert_eq!(answer(&db), Some(b"tick 4".to_vec()));
     clock.set(base + (ROUNDS - 1) * 20_000 + 25_000);
     assert_eq!(db.compact_now().unwrap().partitions_dropped, 2);
     assert_eq!(partitions_probed(&db, &poll, &key).unwrap(), 0);
     assert_eq!(answer(&db), None);
-    assert_eq!(db.stats().partitions, WINDOWS);
+    assert_eq!(db.stats().partitions, partitions);
 }
 
 /// A file written under 1-hour partitions (the default before 10 s) and opened with the

@@ -11,10 +11,17 @@ use parking_lot::Mutex;
 use crate::settings::{LEASE, LOAD_THREADS, REQUEST, RESPONSE, SPAN_MS, T0_MS, TTL};
 use crate::shared::keys::{OPERATION, PRINCIPAL, key_bytes};
 
-/// The retention every store of the bench runs with: 7-day TTL, default partitions.
-pub fn retention() -> Retention {
-    Retention::default().ttl(TTL)
+/// The retention every store of the bench runs with: 7-day TTL, default partitions; the
+/// background compactor every `compact_every` of real time (none: only `compact_now`).
+pub fn retention(compact_every: Option<Duration>) -> Retention {
+    Retention::default()
+        .ttl(TTL)
+        .compact_interval(compact_every)
 }
+
+/// The load's compactor interval: the load plays a day in minutes, so its compactor runs far
+/// more often than the default minute, to keep up with the windows as a service's would.
+const LOAD_COMPACT_EVERY: Duration = Duration::from_secs(1);
 
 pub fn scope() -> Scope {
     Scope::new(OPERATION, PRINCIPAL)
@@ -30,15 +37,25 @@ pub fn day_end() -> u64 {
     T0_MS + SPAN_MS
 }
 
+/// Opens the store for a measurement: no background compactor (the load left nothing to do).
 pub fn open(path: &Path, clock: &ManualClock) -> IdemDb {
     open_verified(path, clock, true)
 }
 
 /// As [`open`], with `verify_on_open` as given (the check reads the whole file).
 pub fn open_verified(path: &Path, clock: &ManualClock, verify: bool) -> IdemDb {
+    open_with(path, clock, verify, None)
+}
+
+fn open_with(
+    path: &Path,
+    clock: &ManualClock,
+    verify: bool,
+    compact_every: Option<Duration>,
+) -> IdemDb {
     let mut builder = IdemDb::builder()
         .clock(clock.clone())
-        .retention(retention())
+        .retention(retention(compact_every))
         .verify_on_open(verify);
     if let Some(bytes) = cache_size() {
         builder = builder.cache_size(bytes);
@@ -59,17 +76,22 @@ pub struct Loaded {
     /// The loading process's resident memory at the end, bytes.
     pub rss: u64,
     pub file_bytes: u64,
-    /// Partitions the compaction pass after the load summarised, and its time.
+    /// Partitions the compaction passes after the load summarised, wide partitions they
+    /// built, and their time.
     pub summarized: u64,
+    pub wide_built: u64,
     pub compact_took: Duration,
+    /// Partitions stored after them.
+    pub partitions: u64,
 }
 
 /// Writes `records` completed records (ids `0..records`) into a new store at `path`, by
-/// `LOAD_THREADS` callers, each record at its time of the simulated day; then runs a
-/// compaction pass at the day's end, as the compactor would have run during it.
+/// `LOAD_THREADS` callers, each record at its time of the simulated day, with the background
+/// compactor running; then runs compaction passes at the day's end until one widens nothing,
+/// as the compactor would have caught up by then.
 pub fn fill(path: &Path, records: u64) -> Loaded {
     let clock = ManualClock::new(T0_MS);
-    let db = open(path, &clock);
+    let db = open_with(path, &clock, true, Some(LOAD_COMPACT_EVERY));
     let scope = scope();
     let next = AtomicU64::new(0);
     let done = AtomicU64::new(0);
@@ -115,18 +137,29 @@ pub fn fill(path: &Path, records: u64) -> Loaded {
     let rss = rss_bytes();
     let stats = db.stats();
     assert_eq!(stats.stored_records, records, "every record stored");
-    // What the compactor did over the day: every closed window summarised (nothing is due
-    // with a 7-day TTL).
+    // What the compactor did over the day: every closed window summarised and widened
+    // (nothing is due with a 7-day TTL).
     let compacted = Instant::now();
-    let summarized = db.compact_now().expect("compaction").partitions_summarized;
+    let (mut summarized, mut wide_built) = (0, 0);
+    loop {
+        let report = db.compact_now().expect("compaction");
+        summarized += report.partitions_summarized;
+        wide_built += report.wide_partitions_built;
+        if report.wide_partitions_built == 0 {
+            break;
+        }
+    }
     let compact_took = compacted.elapsed();
+    let partitions = db.stats().partitions;
     drop(db);
     Loaded {
         took,
         rss,
         file_bytes: file_bytes(path),
         summarized,
+        wide_built,
         compact_took,
+        partitions,
     }
 }
 

@@ -72,7 +72,7 @@ impl Report {
                 "load, lifecycles/s",
                 "RSS after load, MiB",
                 "file, bytes/record",
-                "summarised partitions (pass, s)",
+                "after the load: summarised / wide partitions built (passes, s), partitions",
                 "partitions read at open",
                 "open, first (cold?), ms",
                 "open, warm, ms",
@@ -99,9 +99,11 @@ impl Report {
                     mib(r.loaded.rss as f64),
                     fmt_val(Some(r.loaded.file_bytes as f64 / n), 0),
                     format!(
-                        "{} ({:.1})",
+                        "{} / {} ({:.1}), {}",
                         r.loaded.summarized,
-                        r.loaded.compact_took.as_secs_f64()
+                        r.loaded.wide_built,
+                        r.loaded.compact_took.as_secs_f64(),
+                        r.loaded.partitions
                     ),
                     fmt_val(Some(f(&r.warm, &["partitions_read_at_open"])), 0),
                     format!(

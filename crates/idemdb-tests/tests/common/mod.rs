@@ -108,13 +108,18 @@ pub fn minutes(ttl_minutes: u64) -> Retention {
 
 /// The partition tables of the closed database at `path`, read through redb alone.
 pub fn partition_tables(path: &Path) -> Vec<String> {
+    tables_named(path, "idemdb_p_")
+}
+
+/// The tables of the closed database at `path` whose names start with `prefix`.
+pub fn tables_named(path: &Path, prefix: &str) -> Vec<String> {
     use idemdb::redb::{ReadableDatabase, TableHandle};
     let db = idemdb::redb::Database::open(path).unwrap();
     let read = db.begin_read().unwrap();
     read.list_tables()
         .unwrap()
         .map(|t| t.name().to_string())
-        .filter(|n| n.starts_with("idemdb_p_"))
+        .filter(|n| n.starts_with(prefix))
         .collect()
 }
 

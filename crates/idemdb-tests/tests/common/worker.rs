@@ -63,6 +63,8 @@ pub struct Worker {
     /// The records' TTL, in ms: partitions expire and drop while the worker runs
     /// ([`expiring`]). Default: the store's (a day).
     pub ttl_ms: Option<u64>,
+    /// Their partitions' width, in ms (default: a quarter of the TTL).
+    pub width_ms: Option<u64>,
 }
 
 impl Worker {
@@ -72,6 +74,7 @@ impl Worker {
             checkpoint_ms: None,
             ops_per_thread: None,
             ttl_ms: None,
+            width_ms: None,
         }
     }
 
@@ -92,6 +95,9 @@ impl Worker {
         }
         if let Some(ms) = self.ttl_ms {
             command.env("IDEMDB_WORKER_TTL_MS", ms.to_string());
+        }
+        if let Some(ms) = self.width_ms {
+            command.env("IDEMDB_WORKER_WIDTH_MS", ms.to_string());
         }
         let started = now_ms();
         let mut child = command.spawn().unwrap();
@@ -241,20 +247,26 @@ pub fn open_worker_db(path: &Path) -> Result<IdemDb, idemdb::Error> {
 }
 
 /// The worker's retention under `IDEMDB_WORKER_TTL_MS` (examples/crash_worker.rs): records
-/// live `ttl_ms`, partitions are a quarter of it wide, the compactor looks every tenth of it.
-pub fn expiring(ttl_ms: u64) -> Retention {
+/// live `ttl_ms`, partitions are `width_ms` wide (default: a quarter of the TTL), the
+/// compactor looks every tenth of the TTL.
+pub fn expiring(ttl_ms: u64, width_ms: Option<u64>) -> Retention {
     Retention::default()
         .ttl(Duration::from_millis(ttl_ms))
-        .partition_width(Duration::from_millis((ttl_ms / 4).max(1)))
+        .partition_width(Duration::from_millis(width_ms.unwrap_or(ttl_ms / 4).max(1)))
         .compact_interval(Some(Duration::from_millis((ttl_ms / 10).max(1))))
 }
 
-/// Opens the database of a worker whose records live `ttl_ms`, with its retention and no
-/// compactor: the check reads what the killed worker left, and changes nothing.
-pub fn open_expiring_worker_db(path: &Path, ttl_ms: u64) -> Result<IdemDb, idemdb::Error> {
+/// Opens the database of a worker whose records live `ttl_ms` in partitions `width_ms` wide,
+/// with its retention and no compactor: the check reads what the killed worker left, and
+/// changes nothing.
+pub fn open_expiring_worker_db(
+    path: &Path,
+    ttl_ms: u64,
+    width_ms: Option<u64>,
+) -> Result<IdemDb, idemdb::Error> {
     IdemDb::builder()
         .table(ORDERS)
-        .retention(expiring(ttl_ms).compact_interval(None))
+        .retention(expiring(ttl_ms, width_ms).compact_interval(None))
         .open(path)
 }
 

@@ -1,0 +1,427 @@
+//! Widening (src/widen.rs, docs/design.md §8.8): once the window of a wide partition closed, a
+//! compaction pass merges the narrow partitions in it into one table written in key order and
+//! drops them. Every record answers as before, byte for byte, across the switch, a reopen and
+//! a drop; a record placed in a narrow partition while the wide one was built leaves them as
+//! they were; a build left behind is deleted; two copies of a key are never merged.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{
+    LEASE, T0, acquired, finish, minutes, open_retained, partition_tables, reopenable, tables_named,
+};
+use idemdb::redb::{self, TableDefinition};
+use idemdb::{IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
+use idemdb_testkit::{FaultBackend, TearMode};
+
+/// 1-minute partitions under a 60-minute TTL: wide partitions of 3 minutes.
+const WIDE: u64 = 180_000;
+const TTL: u64 = 3_600_000;
+
+/// The first wide window that starts at or after T0.
+const S: u64 = T0 - T0 % WIDE + WIDE;
+
+fn scope() -> Scope {
+    Scope::new("op", "p")
+}
+
+fn open(path: &Path, clock: &ManualClock) -> IdemDb {
+    open_retained(path, clock, minutes(60))
+}
+
+fn wide_table(start: u64) -> String {
+    format!("idemdb_p_{start:020}_{WIDE}_{TTL}")
+}
+
+/// Completes `count` keys `{prefix}-{i}` at the clock's time, every other one failed.
+fn fill(db: &IdemDb, prefix: &str, count: usize) {
+    for i in 0..count {
+        let key = format!("{prefix}-{i}");
+        if i.is_multiple_of(2) {
+            finish(db, &scope(), &key, format!("r-{key}"));
+        } else {
+            let r = acquired(db.reserve(&scope(), &Key::new(&key), b"x", LEASE).unwrap());
+            db.fail(&r, format!("f-{key}").into_bytes()).unwrap();
+        }
+    }
+}
+
+/// The stored answer of `{prefix}-{i}`, byte for byte, or what the reserve said instead.
+fn answers(db: &IdemDb, prefix: &str, i: usize) -> Result<(), String> {
+    let key = format!("{prefix}-{i}");
+    let expected = if i.is_multiple_of(2) {
+        ReserveOutcome::Completed(format!("r-{key}").into_bytes())
+    } else {
+        ReserveOutcome::Failed(format!("f-{key}").into_bytes())
+    };
+    match db.reserve(&scope(), &Key::new(&key), b"x", LEASE).unwrap() {
+        got if got == expected => Ok(()),
+        other => Err(format!("{key}: {other:?}")),
+    }
+}
+
+/// Three narrow partitions of 100 records in the wide window starting at `S`, and one
+/// IN_PROGRESS record.
+fn three_narrow(path: &Path, clock: &ManualClock) -> IdemDb {
+    clock.set(S);
+    let db = open(path, clock);
+    for (i, prefix) in ["a", "b", "c"].iter().enumerate() {
+        clock.set(S + i as u64 * 60_000 + 5_000);
+        fill(&db, prefix, 100);
+    }
+    acquired(
+        db.reserve(&scope(), &Key::new("held"), b"x", LEASE)
+            .unwrap(),
+    );
+    db
+}
+
+fn all_answer(db: &IdemDb) {
+    for prefix in ["a", "b", "c"] {
+        for i in 0..100 {
+            answers(db, prefix, i).unwrap();
+        }
+    }
+}
+
+#[test]
+fn closed_narrow_partitions_are_merged_into_one_wide_partition_that_answers_the_same() {
+    let (_dir, path, clock) = reopenable();
+    let db = three_narrow(&path, &clock);
+    // The window is still open at S + 179 s: nothing is widened.
+    clock.set(S + WIDE - 1_000);
+    let report = db.compact_now().unwrap();
+    assert_eq!(report.wide_partitions_built, 0);
+    all_answer(&db);
+    clock.set(S + WIDE + 1_000);
+    let report = db.compact_now().unwrap();
+    assert_eq!(
+        (report.wide_partitions_built, report.partitions_widened),
+        (1, 3)
+    );
+    all_answer(&db);
+    let held = db.get(&scope(), &Key::new("held")).unwrap().unwrap();
+    assert_eq!(
+        held.state,
+        RecordState::InProgress,
+        "in the in-flight table, untouched"
+    );
+    assert_eq!(db.stats().indexed_keys, 300);
+    // A second pass finds nothing more to do.
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
+    drop(db);
+    assert_eq!(partition_tables(&path), vec![wide_table(S)]);
+
+    let db = open(&path, &clock);
+    assert_eq!(
+        db.stats().partitions_read_at_open,
+        0,
+        "the wide one has its summary"
+    );
+    all_answer(&db);
+    let report = db.verify(10, |_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}
+
+#[test]
+fn a_wide_partition_drops_whole_once_its_last_record_expired_and_its_keys_are_recognised() {
+    let (_dir, path, clock) = reopenable();
+    let db = three_narrow(&path, &clock);
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 1);
+    // c's records (written at S + 125 s) are live until S + 125 s + TTL; the partition is due
+    // at S + 180 s + TTL.
+    clock.set(S + 125_000 + TTL - 1);
+    assert_eq!(db.compact_now().unwrap().partitions_dropped, 0);
+    answers(&db, "c", 3).unwrap();
+    clock.set(S + WIDE + TTL);
+    let report = db.compact_now().unwrap();
+    assert_eq!(
+        (report.partitions_dropped, report.records_expired),
+        (1, 300)
+    );
+    for key in ["a-0", "b-51", "c-99"] {
+        let r = acquired(db.reserve(&scope(), &Key::new(key), b"x", LEASE).unwrap());
+        assert!(r.is_beyond_horizon(), "{key} recognised");
+    }
+    drop(db);
+    assert!(!partition_tables(&path).contains(&wide_table(S)));
+}
+
+#[test]
+fn a_record_placed_in_a_narrow_partition_while_the_wide_one_was_built_leaves_them_as_they_were() {
+    let (_dir, path, clock) = reopenable();
+    let db = Arc::new(three_narrow(&path, &clock));
+    let writer = Arc::clone(&db);
+    let writer_clock = clock.clone();
+    let ran = Arc::new(AtomicBool::new(false));
+    let hook_ran = Arc::clone(&ran);
+    idemdb::testing::before_next_widening_switch(&db, move || {
+        // The clock goes back into the window: the record goes to b's narrow partition.
+        writer_clock.set(S + 65_000);
+        fill(&writer, "late", 1);
+        writer_clock.set(S + WIDE + 1_000);
+        hook_ran.store(true, Ordering::SeqCst);
+    });
+    clock.set(S + WIDE + 1_000);
+    let report = db.compact_now().unwrap();
+    assert!(ran.load(Ordering::SeqCst));
+    assert_eq!(
+        report.wide_partitions_built, 0,
+        "the switch found b changed"
+    );
+    all_answer(&db);
+    answers(&db, "late", 0).unwrap();
+    // The next pass reads them again, the late record with them.
+    let report = db.compact_now().unwrap();
+    assert_eq!(
+        (report.wide_partitions_built, report.partitions_widened),
+        (1, 3)
+    );
+    all_answer(&db);
+    answers(&db, "late", 0).unwrap();
+    drop(db);
+    let tables = partition_tables(&path);
+    assert_eq!(tables, vec![wide_table(S)]);
+    assert!(
+        build_tables(&path).is_empty(),
+        "the failed build was deleted"
+    );
+}
+
+#[test]
+fn a_build_left_by_a_crash_is_deleted_and_never_read() {
+    let (_dir, path, clock) = reopenable();
+    drop(three_narrow(&path, &clock));
+    // As a process killed between two build steps leaves them: build tables holding a record
+    // that is not the stored one, of this window and of one that no pass will build again
+    // (its narrow partitions are gone).
+    let builds = [S, S + 10 * WIDE].map(|start| format!("idemdb_b_{start:020}_{WIDE}_{TTL}"));
+    {
+        let redb = redb::Database::open(&path).unwrap();
+        let txn = redb.begin_write().unwrap();
+        for build in &builds {
+            let def = TableDefinition::<&[u8], &[u8]>::new(build);
+            txn.open_table(def)
+                .unwrap()
+                .insert(&b"junk"[..], &b"not a record"[..])
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let db = open(&path, &clock);
+    all_answer(&db);
+    let report = db.verify(10, |_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 1);
+    all_answer(&db);
+    drop(db);
+    assert_eq!(build_tables(&path), Vec::<String>::new());
+    assert_eq!(partition_tables(&path), vec![wide_table(S)]);
+}
+
+#[test]
+fn a_key_in_two_narrow_partitions_of_one_window_is_never_merged() {
+    let (_dir, path, clock) = reopenable();
+    let db = three_narrow(&path, &clock);
+    drop(db);
+    // A copy of a-0 in c's partition, as a clock that went back past a-0's expiry and then
+    // forward again could leave it.
+    let tables = partition_tables(&path);
+    {
+        let redb = redb::Database::open(&path).unwrap();
+        let txn = redb.begin_write().unwrap();
+        let a = TableDefinition::<&[u8], &[u8]>::new(&tables[0]);
+        let c = TableDefinition::<&[u8], &[u8]>::new(&tables[2]);
+        let (k, v) = {
+            use idemdb::redb::ReadableTable;
+            let t = txn.open_table(a).unwrap();
+            let (k, v) = t.first().unwrap().unwrap();
+            (k.value().to_vec(), v.value().to_vec())
+        };
+        txn.open_table(c)
+            .unwrap()
+            .insert(k.as_slice(), v.as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let db = open(&path, &clock);
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
+    all_answer(&db);
+    // Not tried again by this process: the window stays as it is until it drops.
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
+    drop(db);
+    assert_eq!(partition_tables(&path), tables);
+    assert_eq!(build_tables(&path), Vec::<String>::new());
+}
+
+/// The build tables of the closed database at `path`.
+fn build_tables(path: &Path) -> Vec<String> {
+    tables_named(path, "idemdb_b_")
+}
+
+#[test]
+fn a_record_placed_in_a_widened_window_goes_to_a_narrow_partition_beside_it() {
+    let (_dir, path, clock) = reopenable();
+    let db = three_narrow(&path, &clock);
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 1);
+    // The clock goes back into the widened window.
+    clock.set(S + 65_000);
+    fill(&db, "late", 2);
+    clock.set(S + WIDE + 2_000);
+    // The window has a wide partition: its new narrow one stays beside it.
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
+    all_answer(&db);
+    answers(&db, "late", 0).unwrap();
+    answers(&db, "late", 1).unwrap();
+    drop(db);
+    let narrow = format!("idemdb_p_{:020}_60000_{TTL}", S + 60_000);
+    assert_eq!(partition_tables(&path), vec![wide_table(S), narrow]);
+    let db = open(&path, &clock);
+    all_answer(&db);
+    answers(&db, "late", 1).unwrap();
+}
+
+/// Readers replaying every key through the snapshot (no replay cache) while a pass widens ten
+/// windows: each answer is the stored one, before, during and after each switch.
+#[test]
+fn replays_racing_the_switch_always_find_the_record() {
+    const WINDOWS: u64 = 10;
+    const PER_NARROW: usize = 200;
+    let (_dir, path, clock) = reopenable();
+    clock.set(S);
+    let db = Arc::new(
+        IdemDb::builder()
+            .clock(clock.clone())
+            .retention(minutes(60))
+            .replay_cache(0)
+            .open(&path)
+            .unwrap(),
+    );
+    let mut prefixes = Vec::new();
+    for w in 0..WINDOWS {
+        for n in 0..3 {
+            clock.set(S + w * WIDE + n * 60_000 + 1_000);
+            let prefix = format!("w{w}n{n}");
+            fill(&db, &prefix, PER_NARROW);
+            prefixes.push(prefix);
+        }
+    }
+    let prefixes = Arc::new(prefixes);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            let (db, prefixes, stop) = (Arc::clone(&db), Arc::clone(&prefixes), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut checked = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::SeqCst) {
+                    let prefix = &prefixes[i % prefixes.len()];
+                    answers(&db, prefix, (i * 7) % PER_NARROW).unwrap();
+                    i += 1;
+                    checked += 1;
+                }
+                checked
+            })
+        })
+        .collect();
+    clock.set(S + WINDOWS * WIDE + 1_000);
+    let report = db.compact_now().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let checked: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert_eq!(report.wide_partitions_built, WINDOWS);
+    assert!(
+        checked > 1_000,
+        "the readers checked only {checked} answers"
+    );
+    for prefix in prefixes.iter() {
+        for i in 0..PER_NARROW {
+            answers(&db, prefix, i).unwrap();
+        }
+    }
+}
+
+/// Responses big enough that a window's records take more than one build step (2 MiB each).
+fn big_response(key: &str) -> Vec<u8> {
+    let mut out = key.as_bytes().to_vec();
+    out.resize(16 << 10, b'.');
+    out
+}
+
+/// Power lost inside each sync of a pass that widens (every build step and the switch is a
+/// durable commit of its own), with the pending writes dropped, kept or torn: the image opens,
+/// every record answers as stored, and the next pass widens the window.
+#[test]
+fn power_lost_inside_each_sync_of_a_widening_pass_loses_nothing() {
+    let keys: Vec<String> = (0..3)
+        .flat_map(|n| (0..100).map(move |i| format!("n{n}-{i}")))
+        .collect();
+    let clock = ManualClock::new(S);
+    let open_on = |disk: &FaultBackend| {
+        IdemDb::builder()
+            .clock(clock.clone())
+            .retention(minutes(60))
+            .open_with_backend(disk.clone(), disk.log())
+    };
+    let disk = FaultBackend::new();
+    {
+        let db = open_on(&disk).unwrap();
+        for n in 0..3u64 {
+            clock.set(S + n * 60_000 + 5_000);
+            for key in keys.iter().filter(|k| k.starts_with(&format!("n{n}-"))) {
+                finish(&db, &scope(), key, big_response(key));
+            }
+        }
+    }
+    let before = disk.durable_disk();
+    let all_answer = |db: &IdemDb| {
+        for key in &keys {
+            let got = db.reserve(&scope(), &Key::new(key), b"x", LEASE).unwrap();
+            assert_eq!(got, ReserveOutcome::Completed(big_response(key)), "{key}");
+        }
+    };
+    // The syncs of a whole pass, counted on a copy.
+    clock.set(S + WIDE + 1_000);
+    let syncs = {
+        let disk = before.durable_disk();
+        let db = open_on(&disk).unwrap();
+        let from = disk.syncs_begun();
+        let report = db.compact_now().unwrap();
+        assert_eq!(
+            (report.wide_partitions_built, report.partitions_widened),
+            (1, 3)
+        );
+        disk.syncs_begun() - from
+    };
+    assert!(syncs >= 3, "two build steps and a switch: {syncs} syncs");
+    let mut switched = 0;
+    for n in 0..syncs {
+        for mode in [
+            TearMode::DropAll,
+            TearMode::KeepAll,
+            TearMode::Random(n + 1),
+        ] {
+            let disk = before.durable_disk();
+            let db = open_on(&disk).unwrap();
+            disk.crash_at_sync(n, mode);
+            let _ = db.compact_now();
+            drop(db);
+            let image = disk.crashed_disk().expect("the power loss struck");
+            let db = open_on(&image).unwrap_or_else(|e| panic!("sync {n} {mode:?}: {e}"));
+            all_answer(&db);
+            let report = db.verify(10, |_| {}).unwrap();
+            assert!(report.is_ok(), "sync {n} {mode:?}: {:?}", report.problems);
+            let built = db.compact_now().unwrap().wide_partitions_built;
+            switched += usize::from(built == 0);
+            assert_eq!(db.stats().partitions, 1, "sync {n} {mode:?}");
+            all_answer(&db);
+        }
+    }
+    eprintln!("{syncs} syncs, switched before the loss in {switched} images");
+}

@@ -1,0 +1,284 @@
+//! Widening: once the window of a wide partition closed, the narrow partitions in it are
+//! merged into it, in key order, and dropped. Narrow partitions keep a checkpoint cheap while
+//! records arrive (their pages are few and new); once closed they only wait for their drop,
+//! and one table written in key order holds the same records in fewer pages (its leaves are
+//! filled, not split at random), in far fewer tables for a lookup, an open and a drop to visit.
+//!
+//! A wide partition is an ordinary partition (`idemdb_p_…`) whose width is a multiple of the
+//! configured one (`PartitionName::wide`): it is looked up, summarised, dropped and
+//! recognised like any other, and no batch ever places a record in it (a record goes to the
+//! partition of the configured width). It is built under another name
+//! (`PartitionName::build_table_name`) in steps that each hold the writer for a bounded
+//! time, then, in one durable transaction, renamed to its own while the narrow ones are
+//! deleted, so that every record is in exactly one of them at every commit.
+//!
+//! Safety:
+//! - The narrow partitions' records are read outside the writer; the switch checks under the
+//!   writer's lock that each still has the length it had when read (records leave a
+//!   partition only when it is dropped whole, and a key already there can only be written
+//!   again by itself, so an unchanged length is an unchanged set of records), else it writes
+//!   nothing and the next pass starts over.
+//! - The key index names the wide partition for every key before the switch commits, and
+//!   forgets the narrow ones only after it: a lookup under either catalog finds the record.
+//! - A build table left by a crash or a failed pass is never read as a partition, and is
+//!   deleted by the next pass before it builds anything.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
+
+use crate::error::Error;
+use crate::records::partition::{Partition, PartitionName, partition_tables_with};
+use crate::records::summary::{self, Summary};
+use crate::writer::{Touches, Writer};
+
+/// Bytes of records (keys and values) written in one step: one durable commit between
+/// batches, holding the writer for about as long as a checkpoint of that size.
+const STEP_BYTES: usize = 2 << 20;
+
+/// Records widened in one pass, at least one wide partition: a backlog (a file written by a
+/// build without widening, or a store reopened after days) is worked off over several passes.
+const RECORDS_PER_PASS: u64 = 1 << 20;
+
+/// What one pass widened.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Widened {
+    /// Wide partitions built.
+    pub(crate) built: u64,
+    /// Narrow partitions merged into them (and dropped).
+    pub(crate) merged: u64,
+}
+
+/// Builds the wide partitions whose window closed at `now` from the narrow ones in them, up to
+/// [`RECORDS_PER_PASS`] records. Run by a compaction pass, which holds the compaction lock.
+pub(crate) fn widen(writer: &Writer, now: u64) -> Result<Widened, Error> {
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
+    discard_stale_builds(writer)?;
+    let catalog = layout.partitions.catalog();
+    let mut windows: BTreeMap<PartitionName, Vec<Arc<Partition>>> = BTreeMap::new();
+    for part in catalog.parts() {
+        let Some(wide) = part.name.wide(&layout.rules) else {
+            continue;
+        };
+        // Closed (nothing more is placed in it unless the clock goes back), not due yet
+        // (dropping the narrow ones costs less than building it).
+        if part.is_closed(now)
+            && wide.start.saturating_add(wide.width) <= now
+            && wide.drop_at() > now
+        {
+            windows.entry(wide).or_default().push(Arc::clone(part));
+        }
+    }
+    let mut widened = Widened::default();
+    let mut records = 0;
+    for (wide, narrow) in windows {
+        // A window widened before whose narrow partitions came back (a clock gone back)
+        // keeps them: the wide one is never written again.
+        if narrow.len() < 2
+            || layout.partitions.is_unmergeable(&wide)
+            || catalog.parts().iter().any(|p| p.name == wide)
+        {
+            continue;
+        }
+        if records >= RECORDS_PER_PASS {
+            break;
+        }
+        if let Some(count) = build(writer, wide, &narrow)? {
+            records += count;
+            widened.built += 1;
+            widened.merged += narrow.len() as u64;
+        }
+    }
+    Ok(widened)
+}
+
+/// Deletes build tables left by a crash or a failed pass: no build is under way between
+/// passes, and passes are serialised.
+fn discard_stale_builds(writer: &Writer) -> Result<(), Error> {
+    let stale = {
+        let read = writer.engine.db.begin_read()?;
+        partition_tables_with(&read, PartitionName::is_build_table)?
+    };
+    if stale.is_empty() {
+        return Ok(());
+    }
+    writer.exclusive(
+        Touches::RowsBeside,
+        |txn| {
+            for name in &stale {
+                txn.delete_table(TableDefinition::<&[u8], &[u8]>::new(name))?;
+            }
+            Ok(())
+        },
+        |_| {},
+    )
+}
+
+/// Builds `wide` from `narrow` (all of its window's partitions of the configured width) and
+/// switches to it. Returns the records moved, or `None` if the switch found a narrow partition
+/// changed (or two holding one key: only a clock gone back far does that), which leaves them
+/// as they were.
+fn build(
+    writer: &Writer,
+    wide: PartitionName,
+    narrow: &[Arc<Partition>],
+) -> Result<Option<u64>, Error> {
+    let engine = &*writer.engine;
+    let layout = &engine.layout;
+    let build_name = wide.build_table_name();
+    let build_table: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&build_name);
+    // Each narrow partition's length when first read, and the keys' hashes.
+    let mut lens: Vec<u64> = Vec::new();
+    let mut hashes: Vec<u64> = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    let mut first = None;
+    let mut count = 0u64;
+    loop {
+        let step = {
+            let read = engine.db.begin_read()?;
+            let mut tables = Vec::with_capacity(narrow.len());
+            for part in narrow {
+                match read.open_table(part.table()) {
+                    Ok(t) => tables.push(t),
+                    // Dropped or not written yet: leave this window for a later pass.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if lens.is_empty() {
+                for t in &tables {
+                    lens.push(t.len()?);
+                }
+                hashes.reserve(usize::try_from(lens.iter().sum::<u64>()).unwrap_or(0));
+            }
+            let from = match &after {
+                Some(k) => Bound::Excluded(k.as_slice()),
+                None => Bound::Unbounded,
+            };
+            let mut ranges = Vec::with_capacity(tables.len());
+            for t in &tables {
+                ranges.push(t.range::<&[u8]>((from, Bound::Unbounded))?);
+            }
+            // The smallest key of each range, and which range it came from.
+            let mut heads = BinaryHeap::new();
+            for (i, range) in ranges.iter_mut().enumerate() {
+                if let Some(entry) = range.next() {
+                    let (k, v) = entry?;
+                    heads.push(Reverse((k.value().to_vec(), i, v.value().to_vec())));
+                }
+            }
+            let mut step: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            let mut bytes = 0;
+            while bytes < STEP_BYTES {
+                let Some(Reverse((key, i, value))) = heads.pop() else {
+                    break;
+                };
+                if step.last().is_some_and(|(last, _)| *last == key) {
+                    // One key in two of them: a clock gone back far. Left as it is.
+                    layout.partitions.mark_unmergeable(wide);
+                    return Ok(None);
+                }
+                if let Some(entry) = ranges[i].next() {
+                    let (k, v) = entry?;
+                    heads.push(Reverse((k.value().to_vec(), i, v.value().to_vec())));
+                }
+                let hash = layout.index.hash(&key);
+                hashes.push(hash);
+                first.get_or_insert(hash);
+                bytes += key.len() + value.len();
+                step.push((key, value));
+            }
+            // The next step starts after this one's last key; a key equal to it in another
+            // range (the heads left) is caught there.
+            if let Some(Reverse((key, _, _))) = heads.peek()
+                && step.last().is_some_and(|(last, _)| last == key)
+            {
+                layout.partitions.mark_unmergeable(wide);
+                return Ok(None);
+            }
+            step
+        };
+        let Some((last_key, _)) = step.last() else {
+            break;
+        };
+        after = Some(last_key.clone());
+        count += step.len() as u64;
+        let fresh = count == step.len() as u64;
+        writer.exclusive(
+            Touches::RowsBeside,
+            |txn| {
+                if fresh {
+                    txn.delete_table(build_table)?;
+                }
+                let mut table = txn.open_table(build_table)?;
+                for (k, v) in &step {
+                    table.insert(k.as_slice(), v.as_slice())?;
+                }
+                Ok(())
+            },
+            |_| {},
+        )?;
+    }
+    if count == 0 {
+        return Ok(None);
+    }
+    let last = after.as_deref().map_or(0, |k| layout.index.hash(k));
+    hashes.sort_unstable();
+    hashes.dedup();
+    let summary = Summary::new(count, first.unwrap_or(0), last, hashes);
+    let part = layout.partitions.detached(wide);
+    // Before the switch: a lookup under the new catalog finds every key in the wide one.
+    layout.index.insert_sorted(&summary.hashes, part.id);
+    let mut narrow_ids: Vec<_> = narrow.iter().map(|p| p.id).collect();
+    narrow_ids.sort_unstable();
+    #[cfg(feature = "test-hooks")]
+    if let Some(hook) = engine.before_widening_switch.lock().take() {
+        hook();
+    }
+    let switched = writer.exclusive(
+        Touches::RowsBeside,
+        |txn| {
+            for (p, &len) in narrow.iter().zip(&lens) {
+                match txn.open_table(p.table()) {
+                    Ok(t) if t.len()? == len => {}
+                    // A record placed since the read (a clock gone back), or the table gone.
+                    Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            for p in narrow {
+                txn.delete_table(p.table())?;
+                summary::remove(txn, &p.table)?;
+            }
+            txn.rename_table(build_table, part.table())?;
+            summary::write(txn, &part.table, &summary)?;
+            Ok(true)
+        },
+        |switched| {
+            if *switched {
+                part.mark_summarized();
+                layout.partitions.replace(&narrow_ids, Arc::clone(&part));
+            }
+        },
+    );
+    match switched {
+        Ok(true) => {
+            // After the commit: a lookup that still finds a narrow id skips it, as the
+            // catalog no longer has it.
+            layout.index.remove_keys_of(&summary.hashes, &narrow_ids);
+            Ok(Some(count))
+        }
+        Ok(false) => {
+            layout.index.remove_keys(&summary.hashes, part.id);
+            Ok(None)
+        }
+        Err(e) => {
+            layout.index.remove_keys(&summary.hashes, part.id);
+            Err(e)
+        }
+    }
+}
