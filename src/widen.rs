@@ -138,76 +138,33 @@ fn build(
     let mut first = None;
     let mut count = 0u64;
     loop {
-        let step = {
-            let read = engine.db.begin_read()?;
-            let mut tables = Vec::with_capacity(narrow.len());
-            for part in narrow {
-                match read.open_table(part.table()) {
-                    Ok(t) => tables.push(t),
-                    // Dropped or not written yet: leave this window for a later pass.
-                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                    Err(e) => return Err(e.into()),
+        let step = match merge_step(&engine.db.begin_read()?, narrow, after.as_deref())? {
+            Merged::Records { records, lens: now } => {
+                if lens.is_empty() {
+                    lens = now;
+                    hashes.reserve(usize::try_from(lens.iter().sum::<u64>()).unwrap_or(0));
                 }
+                records
             }
-            if lens.is_empty() {
-                for t in &tables {
-                    lens.push(t.len()?);
-                }
-                hashes.reserve(usize::try_from(lens.iter().sum::<u64>()).unwrap_or(0));
-            }
-            let from = match &after {
-                Some(k) => Bound::Excluded(k.as_slice()),
-                None => Bound::Unbounded,
-            };
-            let mut ranges = Vec::with_capacity(tables.len());
-            for t in &tables {
-                ranges.push(t.range::<&[u8]>((from, Bound::Unbounded))?);
-            }
-            // The smallest key of each range, and which range it came from.
-            let mut heads = BinaryHeap::new();
-            for (i, range) in ranges.iter_mut().enumerate() {
-                if let Some(entry) = range.next() {
-                    let (k, v) = entry?;
-                    heads.push(Reverse((k.value().to_vec(), i, v.value().to_vec())));
-                }
-            }
-            let mut step: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-            let mut bytes = 0;
-            while bytes < STEP_BYTES {
-                let Some(Reverse((key, i, value))) = heads.pop() else {
-                    break;
-                };
-                if step.last().is_some_and(|(last, _)| *last == key) {
-                    // One key in two of them: a clock gone back far. Left as it is.
-                    layout.partitions.mark_unmergeable(wide);
-                    return Ok(None);
-                }
-                if let Some(entry) = ranges[i].next() {
-                    let (k, v) = entry?;
-                    heads.push(Reverse((k.value().to_vec(), i, v.value().to_vec())));
-                }
-                let hash = layout.index.hash(&key);
-                hashes.push(hash);
-                first.get_or_insert(hash);
-                bytes += key.len() + value.len();
-                step.push((key, value));
-            }
-            // The next step starts after this one's last key; a key equal to it in another
-            // range (the heads left) is caught there.
-            if let Some(Reverse((key, _, _))) = heads.peek()
-                && step.last().is_some_and(|(last, _)| last == key)
-            {
+            // Dropped or not written yet: leave this window for a later pass.
+            Merged::Gone => return Ok(None),
+            // One key in two of them: a clock gone back far. Left as it is.
+            Merged::Twice => {
                 layout.partitions.mark_unmergeable(wide);
                 return Ok(None);
             }
-            step
         };
         let Some((last_key, _)) = step.last() else {
             break;
         };
+        for (key, _) in &step {
+            let hash = layout.index.hash(key);
+            hashes.push(hash);
+            first.get_or_insert(hash);
+        }
         after = Some(last_key.clone());
+        let fresh = count == 0;
         count += step.len() as u64;
-        let fresh = count == step.len() as u64;
         writer.exclusive(
             Touches::RowsBeside,
             |txn| {
@@ -261,7 +218,9 @@ fn build(
         |switched| {
             if *switched {
                 part.mark_summarized();
-                layout.partitions.replace(&narrow_ids, Arc::clone(&part));
+                layout
+                    .partitions
+                    .replace(&narrow_ids, Some(Arc::clone(&part)));
             }
         },
     );
@@ -281,4 +240,74 @@ fn build(
             Err(e)
         }
     }
+}
+
+/// What one read of the narrow partitions gave.
+enum Merged {
+    /// The next records in key order after the last step's (none: the build is complete),
+    /// and each partition's length in this read.
+    Records {
+        records: Vec<(Vec<u8>, Vec<u8>)>,
+        lens: Vec<u64>,
+    },
+    /// A narrow partition's table is not there.
+    Gone,
+    /// Two of them hold one key.
+    Twice,
+}
+
+/// Merges, in `read`, the records of `narrow` after key `after` in key order, up to
+/// [`STEP_BYTES`] of keys and values: a heap of one range per partition.
+fn merge_step(
+    read: &redb::ReadTransaction,
+    narrow: &[Arc<Partition>],
+    after: Option<&[u8]>,
+) -> Result<Merged, Error> {
+    let mut tables = Vec::with_capacity(narrow.len());
+    for part in narrow {
+        match read.open_table(part.table()) {
+            Ok(t) => tables.push(t),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Merged::Gone),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let lens = tables.iter().map(|t| t.len()).collect::<Result<_, _>>()?;
+    let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+    let mut ranges = Vec::with_capacity(tables.len());
+    for t in &tables {
+        ranges.push(t.range::<&[u8]>((from, Bound::Unbounded))?);
+    }
+    // The smallest key of each range, and which range it came from.
+    let mut heads = BinaryHeap::new();
+    let mut advance = |heads: &mut BinaryHeap<_>, i: usize| -> Result<(), Error> {
+        if let Some(entry) = ranges[i].next() {
+            let (k, v) = entry?;
+            heads.push(Reverse((k.value().to_vec(), i, v.value().to_vec())));
+        }
+        Ok(())
+    };
+    for i in 0..tables.len() {
+        advance(&mut heads, i)?;
+    }
+    let mut records: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut bytes = 0;
+    while bytes < STEP_BYTES {
+        let Some(Reverse((key, i, value))) = heads.pop() else {
+            break;
+        };
+        if records.last().is_some_and(|(last, _)| *last == key) {
+            return Ok(Merged::Twice);
+        }
+        advance(&mut heads, i)?;
+        bytes += key.len() + value.len();
+        records.push((key, value));
+    }
+    // The next step starts after this one's last key: a key equal to it in another range
+    // (among the heads left) would be skipped there.
+    if let Some(Reverse((key, _, _))) = heads.peek()
+        && records.last().is_some_and(|(last, _)| last == key)
+    {
+        return Ok(Merged::Twice);
+    }
+    Ok(Merged::Records { records, lens })
 }

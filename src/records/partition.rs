@@ -50,7 +50,11 @@ pub(crate) struct PartitionName {
 
 impl PartitionName {
     pub(crate) fn table_name(&self) -> String {
-        format!("{PREFIX}{:020}_{}_{}", self.start, self.width, self.ttl)
+        self.name_after(PREFIX)
+    }
+
+    fn name_after(&self, prefix: &str) -> String {
+        format!("{prefix}{:020}_{}_{}", self.start, self.width, self.ttl)
     }
 
     /// The name of a partition table; `None` for any other table, and for a name that is not
@@ -86,10 +90,7 @@ impl PartitionName {
 
     /// The table a wide partition of this name is built in before it is renamed to its own.
     pub(crate) fn build_table_name(&self) -> String {
-        format!(
-            "{BUILD_PREFIX}{:020}_{}_{}",
-            self.start, self.width, self.ttl
-        )
+        self.name_after(BUILD_PREFIX)
     }
 
     /// Whether `table` is a wide partition's table under construction.
@@ -289,8 +290,8 @@ impl Partitions {
         id
     }
 
-    /// A partition named `name` with a fresh id, not yet in the catalog (a wide partition
-    /// being built: the key index names it before the catalog does).
+    /// A partition named `name` with a fresh id, not yet in the catalog (a new window's, or a
+    /// wide partition being built: the key index names it before the catalog does).
     pub(crate) fn detached(&self, name: PartitionName) -> Arc<Partition> {
         Arc::new(Partition {
             id: self.allocate_id(),
@@ -309,9 +310,9 @@ impl Partitions {
         self.unmergeable.read().contains(wide)
     }
 
-    /// Installs `added` in place of the partitions `removed` (sorted; whose records it holds
-    /// now).
-    pub(crate) fn replace(&self, removed: &[PartitionId], added: Arc<Partition>) {
+    /// Forgets the partitions `removed` (sorted) and installs `added`, if any, in their place
+    /// (a wide partition that holds their records now).
+    pub(crate) fn replace(&self, removed: &[PartitionId], added: Option<Arc<Partition>>) {
         let mut current = self.current.write();
         let mut parts: Vec<Arc<Partition>> = current
             .parts
@@ -319,7 +320,7 @@ impl Partitions {
             .filter(|p| removed.binary_search(&p.id).is_err())
             .cloned()
             .collect();
-        parts.push(added);
+        parts.extend(added);
         *current = Arc::new(Catalog::new(parts));
     }
 
@@ -351,13 +352,7 @@ impl Partitions {
             }
             newer_exists |= p.name.start > name.start;
         }
-        let id = self.allocate_id();
-        let part = Arc::new(Partition {
-            id,
-            table: name.table_name().into(),
-            name,
-            summarized: AtomicBool::new(false),
-        });
+        let part = self.detached(name);
         *self.current.write() = Arc::new(catalog.with(Arc::clone(&part)));
         Placement {
             partition: part,
@@ -368,14 +363,7 @@ impl Partitions {
 
     /// Forgets a dropped partition.
     pub(crate) fn remove(&self, id: PartitionId) {
-        let mut current = self.current.write();
-        let parts = current
-            .parts
-            .iter()
-            .filter(|p| p.id != id)
-            .cloned()
-            .collect();
-        *current = Arc::new(Catalog::new(parts));
+        self.replace(&[id], None);
     }
 }
 

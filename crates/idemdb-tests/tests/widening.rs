@@ -15,7 +15,7 @@ use common::{
 };
 use idemdb::redb::{self, TableDefinition};
 use idemdb::{IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
-use idemdb_testkit::{FaultBackend, TearMode};
+use idemdb_testkit::{Fault, FaultBackend, TearMode};
 
 /// 1-minute partitions under a 60-minute TTL: wide partitions of 3 minutes.
 const WIDE: u64 = 180_000;
@@ -347,6 +347,40 @@ fn replays_racing_the_switch_always_find_the_record() {
     }
 }
 
+/// The database on `disk`, at `clock`, with 1-minute partitions under a 60-minute TTL.
+fn open_on_disk(disk: &FaultBackend, clock: &ManualClock) -> Result<IdemDb, idemdb::Error> {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(minutes(60))
+        .open_with_backend(disk.clone(), disk.log())
+}
+
+/// A disk holding three narrow partitions of 100 records with big responses in the wide window
+/// starting at `S`, and their keys.
+fn big_window(clock: &ManualClock) -> (FaultBackend, Vec<String>) {
+    let keys: Vec<String> = (0..3)
+        .flat_map(|n| (0..100).map(move |i| format!("n{n}-{i}")))
+        .collect();
+    let disk = FaultBackend::new();
+    {
+        let db = open_on_disk(&disk, clock).unwrap();
+        for n in 0..3u64 {
+            clock.set(S + n * 60_000 + 5_000);
+            for key in keys.iter().filter(|k| k.starts_with(&format!("n{n}-"))) {
+                finish(&db, &scope(), key, big_response(key));
+            }
+        }
+    }
+    (disk.durable_disk(), keys)
+}
+
+fn all_big_answer(db: &IdemDb, keys: &[String]) {
+    for key in keys {
+        let got = db.reserve(&scope(), &Key::new(key), b"x", LEASE).unwrap();
+        assert_eq!(got, ReserveOutcome::Completed(big_response(key)), "{key}");
+    }
+}
+
 /// Responses big enough that a window's records take more than one build step (2 MiB each).
 fn big_response(key: &str) -> Vec<u8> {
     let mut out = key.as_bytes().to_vec();
@@ -359,33 +393,10 @@ fn big_response(key: &str) -> Vec<u8> {
 /// every record answers as stored, and the next pass widens the window.
 #[test]
 fn power_lost_inside_each_sync_of_a_widening_pass_loses_nothing() {
-    let keys: Vec<String> = (0..3)
-        .flat_map(|n| (0..100).map(move |i| format!("n{n}-{i}")))
-        .collect();
     let clock = ManualClock::new(S);
-    let open_on = |disk: &FaultBackend| {
-        IdemDb::builder()
-            .clock(clock.clone())
-            .retention(minutes(60))
-            .open_with_backend(disk.clone(), disk.log())
-    };
-    let disk = FaultBackend::new();
-    {
-        let db = open_on(&disk).unwrap();
-        for n in 0..3u64 {
-            clock.set(S + n * 60_000 + 5_000);
-            for key in keys.iter().filter(|k| k.starts_with(&format!("n{n}-"))) {
-                finish(&db, &scope(), key, big_response(key));
-            }
-        }
-    }
-    let before = disk.durable_disk();
-    let all_answer = |db: &IdemDb| {
-        for key in &keys {
-            let got = db.reserve(&scope(), &Key::new(key), b"x", LEASE).unwrap();
-            assert_eq!(got, ReserveOutcome::Completed(big_response(key)), "{key}");
-        }
-    };
+    let open_on = |disk: &FaultBackend| open_on_disk(disk, &clock);
+    let (before, keys) = big_window(&clock);
+    let all_answer = |db: &IdemDb| all_big_answer(db, &keys);
     // The syncs of a whole pass, counted on a copy.
     clock.set(S + WIDE + 1_000);
     let syncs = {
@@ -424,4 +435,104 @@ fn power_lost_inside_each_sync_of_a_widening_pass_loses_nothing() {
         }
     }
     eprintln!("{syncs} syncs, switched before the loss in {switched} images");
+}
+
+/// A write that fails inside a widening pass (a full disk, an I/O error) at each of its first
+/// writes: the pass fails, the database refuses writes until it is reopened, and the reopened
+/// file answers every record and widens at its next pass.
+#[test]
+fn a_write_failing_inside_a_widening_pass_poisons_and_loses_nothing() {
+    let clock = ManualClock::new(S);
+    let (before, keys) = big_window(&clock);
+    clock.set(S + WIDE + 1_000);
+    let mut failed = 0;
+    for after in [0, 1, 2, 5, 20, 100, 400] {
+        let disk = before.durable_disk();
+        let db = open_on_disk(&disk, &clock).unwrap();
+        disk.inject(Fault::Write { after });
+        let Err(e) = db.compact_now() else {
+            // The pass wrote fewer than `after` pages: nothing failed.
+            continue;
+        };
+        failed += 1;
+        assert!(
+            matches!(
+                db.reserve(&scope(), &Key::new("fresh"), b"x", LEASE),
+                Err(idemdb::Error::WritesRefused | idemdb::Error::Poisoned(_))
+            ),
+            "after {after}: {e}"
+        );
+        drop(db);
+        disk.clear_faults();
+        let db = open_on_disk(&disk.durable_disk(), &clock).unwrap();
+        all_big_answer(&db, &keys);
+        assert_eq!(
+            db.compact_now().unwrap().wide_partitions_built,
+            1,
+            "after {after}"
+        );
+        all_big_answer(&db, &keys);
+    }
+    assert!(
+        failed >= 5,
+        "the pass failed for only {failed} of 7 fault points"
+    );
+}
+
+/// As above, with the second copy of the key exactly where a build step ends (the first step
+/// ends at the record that brings it to 2 MiB of keys and values): the next step starts after
+/// that key, so only the step's look at the heads it leaves can see the copy.
+#[test]
+fn a_key_twice_across_a_build_step_boundary_is_never_merged() {
+    use idemdb::redb::ReadableTable;
+    let clock = ManualClock::new(S);
+    let (disk, keys) = big_window(&clock);
+    let db_image = {
+        let backend = FaultBackend::from_images(disk.durable_image(), disk.log().durable_image());
+        let raw = redb::Database::builder()
+            .create_with_backend(backend.clone())
+            .unwrap();
+        let txn = raw.begin_write().unwrap();
+        let names: Vec<String> = {
+            use idemdb::redb::TableHandle;
+            txn.list_tables()
+                .unwrap()
+                .map(|t| t.name().to_string())
+                .filter(|n| n.starts_with("idemdb_p_"))
+                .collect()
+        };
+        let mut all: Vec<(Vec<u8>, Vec<u8>, usize)> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let t = txn
+                .open_table(TableDefinition::<&[u8], &[u8]>::new(name))
+                .unwrap();
+            for e in t.iter().unwrap() {
+                let (k, v) = e.unwrap();
+                all.push((k.value().to_vec(), v.value().to_vec(), i));
+            }
+        }
+        all.sort();
+        let mut bytes = 0;
+        let (k, v, from) = all
+            .into_iter()
+            .find(|(k, v, _)| {
+                bytes += k.len() + v.len();
+                bytes >= 2 << 20
+            })
+            .unwrap();
+        let other = &names[(from + 1) % names.len()];
+        txn.open_table(TableDefinition::<&[u8], &[u8]>::new(other))
+            .unwrap()
+            .insert(k.as_slice(), v.as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+        drop(raw);
+        backend.durable_image()
+    };
+    let disk = FaultBackend::from_images(db_image, disk.log().durable_image());
+    let db = open_on_disk(&disk, &clock).unwrap();
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
+    all_big_answer(&db, &keys);
+    assert_eq!(db.stats().partitions, 3);
 }
