@@ -14,6 +14,7 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::records::filter;
 use crate::records::horizon::{HORIZON, RECOGNISED, row_until, sweep_source, write_row};
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
@@ -86,7 +87,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
                 Err(redb::TableError::TableDoesNotExist(_)) => Summary::default(),
                 Err(e) => return Err(e.into()),
             };
-            records += keys.count;
+            records += keys.head.count;
             step.push((part, keys));
         }
         drop(read);
@@ -121,7 +122,7 @@ fn drop_partitions(
                     // A batch that read the clock before this pass did may have added a
                     // record (already expired) since the read: read again, under the
                     // writer's lock.
-                    Ok(table) if table.len()? != read.count => {
+                    Ok(table) if table.len()? != read.head.count => {
                         Summary::of_table(&table, &layout.index)?
                     }
                     Ok(_) => read,
@@ -130,6 +131,7 @@ fn drop_partitions(
                 };
                 txn.delete_table(part.table())?;
                 summary::remove(txn, &part.table)?;
+                filter::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);
                 // Recognised by their whole hashes (sorted, distinct).
                 let kept = layout.rules.keeps(until, now) && !keys.hashes.is_empty();
@@ -157,9 +159,9 @@ fn drop_partitions(
         // After the commit, outside the writer's lock: a batch that still finds the id in
         // the index skips it, as the catalog no longer has it.
         layout.index.remove_keys(&keys.hashes, part.id);
-        engine.stats.add_n(Counter::ExpiredRecords, keys.count);
+        engine.stats.add_n(Counter::ExpiredRecords, keys.head.count);
         engine.stats.add(Counter::PartitionsDropped);
-        records += keys.count;
+        records += keys.head.count;
     }
     Ok(records)
 }
@@ -212,7 +214,7 @@ fn summarize(writer: &Writer, now: u64) -> Result<u64, Error> {
             match read.open_table(part.table()) {
                 Ok(table) => {
                     let summary = Summary::of_table(&table, &layout.index)?;
-                    records += summary.count;
+                    records += summary.head.count;
                     step.push((part, summary));
                 }
                 // Made by a batch whose records are not in redb yet: the next pass.

@@ -122,7 +122,13 @@ impl IdemDb {
         };
         if let Some(budget) = memory_budget {
             // Before the log's commit: a refused open writes nothing.
-            crate::records::locate::check_budget(&db, clock.now_ms(), caches, budget)?;
+            crate::records::locate::check_budget(
+                &db,
+                meta.index_seed,
+                clock.now_ms(),
+                caches,
+                budget,
+            )?;
         }
         let opening = crate::recovery::Opening {
             database_id: meta.database_id,

@@ -85,7 +85,8 @@ pub enum Error {
         needed: MemoryUse,
         /// The budget.
         budget: u64,
-        /// Finished records stored (each needs an entry in the key index).
+        /// Finished records stored outside the partitions found through their filters (each
+        /// needs an entry in the key index).
         records: u64,
         /// Keys recognised beyond the horizon at the open's time.
         horizon_keys: u64,
@@ -154,8 +155,8 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "opening needs about {} of memory, over the memory budget of {}: page cache {}, \
-                 replay cache {}, key index {} for {records} finished records, horizon {} for \
-                 {horizon_keys} recognised keys. Raise Builder::memory_budget, lower \
+                 replay cache {}, key index {} for {records} finished records, key filters {}, \
+                 horizon {} for {horizon_keys} recognised keys. Raise Builder::memory_budget, lower \
                  cache_size or replay_cache, or keep fewer records (a shorter TTL or a lower \
                  horizon_factor)",
                 mib(needed.total()),
@@ -163,6 +164,7 @@ impl fmt::Display for Error {
                 mib(needed.page_cache),
                 mib(needed.replay_cache),
                 mib(needed.key_index),
+                mib(needed.key_filters),
                 mib(needed.horizon),
             ),
             Error::Storage(e) => write!(f, "storage: {e}"),

@@ -28,8 +28,11 @@ pub struct MemoryUse {
     pub page_cache: u64,
     /// Finished records kept for replays ([`Builder::replay_cache`](crate::Builder::replay_cache)).
     pub replay_cache: u64,
-    /// The key index: which partitions hold each finished record's key.
+    /// The key index: which partitions hold each finished record's key, for the records of
+    /// partitions not found through a filter.
     pub key_index: u64,
+    /// The wide partitions' key filters (about 1.13 bytes per record in them).
+    pub key_filters: u64,
     /// The keys recognised beyond the horizon.
     pub horizon: u64,
 }
@@ -40,6 +43,7 @@ impl MemoryUse {
         self.page_cache
             .saturating_add(self.replay_cache)
             .saturating_add(self.key_index)
+            .saturating_add(self.key_filters)
             .saturating_add(self.horizon)
     }
 }

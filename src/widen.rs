@@ -18,8 +18,10 @@
 //!   partition only when it is dropped whole, and a key already there can only be written
 //!   again by itself, so an unchanged length is an unchanged set of records), else it writes
 //!   nothing and the next pass starts over.
-//! - The key index names the wide partition for every key before the switch commits, and
-//!   forgets the narrow ones only after it: a lookup under either catalog finds the record.
+//! - The wide partition carries its keys' filter (filter.rs) into the catalog the switch
+//!   installs (or, should no filter build, the key index names it for every key before the
+//!   switch commits), and the key index forgets the narrow ones only after it: a lookup under
+//!   either catalog finds the record.
 //! - A build table left by a crash or a failed pass is never read as a partition, and is
 //!   deleted by the next pass before it builds anything.
 
@@ -31,6 +33,8 @@ use std::sync::Arc;
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
 
 use crate::error::Error;
+use crate::records::filter::{self, FilterRow, KeyFilter};
+use crate::records::head::TableHead;
 use crate::records::partition::{Partition, PartitionName, partition_tables_with};
 use crate::records::summary::{self, Summary};
 use crate::writer::{Touches, Writer};
@@ -183,13 +187,28 @@ fn build(
     if count == 0 {
         return Ok(None);
     }
+    let first = first.unwrap_or(0);
     let last = after.as_deref().map_or(0, |k| layout.index.hash(k));
     hashes.sort_unstable();
     hashes.dedup();
-    let summary = Summary::new(count, first.unwrap_or(0), last, hashes);
+    let head = TableHead { count, first, last };
+    let summary = Summary::new(head, hashes);
     let part = layout.partitions.detached(wide);
-    // Before the switch: a lookup under the new catalog finds every key in the wide one.
-    layout.index.insert_sorted(&summary.hashes, part.id);
+    // Before the switch, a lookup under the new catalog finds every key in the wide one:
+    // through the filter it carries into that catalog, or (no seed peeled) the key index.
+    let filter_row = match KeyFilter::build(&summary.hashes) {
+        Some(filter) => {
+            let row = FilterRow::new(head, filter);
+            let encoded = row.encode();
+            part.set_filter(row.filter);
+            Some(encoded)
+        }
+        None => {
+            layout.index.insert_sorted(&summary.hashes, part.id);
+            None
+        }
+    };
+    let indexed = filter_row.is_none();
     let mut narrow_ids: Vec<_> = narrow.iter().map(|p| p.id).collect();
     narrow_ids.sort_unstable();
     #[cfg(feature = "test-hooks")]
@@ -210,9 +229,13 @@ fn build(
             for p in narrow {
                 txn.delete_table(p.table())?;
                 summary::remove(txn, &p.table)?;
+                filter::remove(txn, &p.table)?;
             }
             txn.rename_table(build_table, part.table())?;
             summary::write(txn, &part.table, &summary)?;
+            if let Some(row) = &filter_row {
+                filter::write(txn, &part.table, row)?;
+            }
             Ok(true)
         },
         |switched| {
@@ -232,11 +255,15 @@ fn build(
             Ok(Some(count))
         }
         Ok(false) => {
-            layout.index.remove_keys(&summary.hashes, part.id);
+            if indexed {
+                layout.index.remove_keys(&summary.hashes, part.id);
+            }
             Ok(None)
         }
         Err(e) => {
-            layout.index.remove_keys(&summary.hashes, part.id);
+            if indexed {
+                layout.index.remove_keys(&summary.hashes, part.id);
+            }
             Err(e)
         }
     }

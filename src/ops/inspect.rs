@@ -41,6 +41,12 @@ impl IdemDb {
         stats.partitions_read_at_open = layout.partitions_read;
         stats.memory = crate::stats::MemoryUse {
             key_index: layout.index.memory_bytes(),
+            key_filters: catalog
+                .filtered()
+                .iter()
+                .filter_map(|p| p.filter())
+                .map(|f| f.memory_bytes())
+                .sum(),
             horizon: layout.horizon.memory_bytes(),
             ..self.caches
         };

@@ -78,8 +78,10 @@ impl IdemDb {
     /// records are in the in-flight table only and expire after their lease ends, finished ones
     /// are in partitions only and were last changed in their partition's window with its TTL;
     /// every token is below the meta table's `next_token`; every horizon row has an 8-byte
-    /// `until`, names a partition or an in-flight sweep, and holds distinct sorted 4-byte tags;
-    /// no table with idemdb's prefix is unknown. Only a storage error is returned as `Err`.
+    /// `until`, names a partition or an in-flight sweep, and holds distinct sorted hashes (or
+    /// an older build's 4-byte tags); every partition summary and filter row decodes, and a
+    /// filter that still describes its table admits every key of it; no table with idemdb's
+    /// prefix is unknown. Only a storage error is returned as `Err`.
     ///
     /// ```
     /// use idemdb::{IdemDb, Key, ReserveOutcome, Scope};
@@ -102,6 +104,12 @@ impl IdemDb {
     ) -> Result<VerifyReport, Error> {
         let txn = self.begin_read()?;
         let now = self.engine.clock.now_ms();
-        crate::scan::verify::verify(&txn, now, max_problems, &mut progress)
+        crate::scan::verify::verify(
+            &txn,
+            &self.engine.layout.index,
+            now,
+            max_problems,
+            &mut progress,
+        )
     }
 }

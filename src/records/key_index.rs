@@ -90,6 +90,12 @@ fn shard_of(hash: u64) -> usize {
     (hash >> 58) as usize % SHARDS
 }
 
+/// The index hash of a stored record key under the database's `seed` (what the index, the
+/// summaries, the filters and recognition compare).
+pub(crate) fn index_hash(seed: u64, record_key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(record_key, seed)
+}
+
 pub(crate) struct KeyIndex {
     seed: u64,
     shards: Box<[Shard]>,
@@ -121,7 +127,7 @@ impl KeyIndex {
     }
 
     pub(crate) fn hash(&self, record_key: &[u8]) -> u64 {
-        xxhash_rust::xxh3::xxh3_64_with_seed(record_key, self.seed)
+        index_hash(self.seed, record_key)
     }
 
     fn shard(&self, hash: u64) -> &Shard {

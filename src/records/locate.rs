@@ -5,6 +5,7 @@
 //! Expiry is checked here, on every read: an expired record is reported as expired, never as
 //! live, whether or not its partition was dropped yet.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{
@@ -14,6 +15,7 @@ use redb::{
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::Record;
+use crate::records::filter::{self, FILTERS, FilterRow};
 use crate::records::horizon::{
     self, HORIZON, Horizon, RECOGNISED, decode_hashes, decode_tags, row_until,
 };
@@ -40,20 +42,31 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// The layout of an opened database: partitions from the table names, the key index
-    /// rebuilt from each partition's summary where it still holds (summary.rs) and by reading
-    /// the keys of the others, the horizon sets still in force at `now`. Each map is
-    /// allocated once, at the size its count (taken first) needs.
+    /// The layout of an opened database: partitions from the table names, their filters
+    /// where a filter row still holds (filter.rs), the key index rebuilt for the others from
+    /// each partition's summary where it still holds (summary.rs) and by reading the keys of
+    /// the rest, the horizon sets still in force at `now`. Each map is allocated once, at the
+    /// size its count (taken first) needs.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
         let (
             partitions,
+            filters,
             Counted {
                 records,
                 horizon_keys,
                 horizon_tags,
+                ..
             },
-        ) = counted_catalog(&txn, now)?;
+        ) = counted_catalog(&txn, seed, now)?;
+        let mut filtered = Vec::with_capacity(filters.len());
+        for (part, row) in filters {
+            part.set_filter(row.filter);
+            part.mark_summarized();
+            filtered.push(part.id);
+        }
+        partitions.refresh();
+        filtered.sort_unstable();
         let index = KeyIndex::with_capacity(seed, records);
         let rows = match txn.open_table(SUMMARIES) {
             Ok(rows) => Some(rows),
@@ -63,6 +76,9 @@ impl Layout {
         };
         let mut partitions_read = 0;
         for part in partitions.catalog().parts() {
+            if filtered.binary_search(&part.id).is_ok() {
+                continue;
+            }
             let table = txn.open_table(part.table())?;
             let summary = match &rows {
                 Some(rows) => summary::read(rows, &part.table)?,
@@ -128,28 +144,72 @@ impl Layout {
     }
 }
 
-/// What the maps of a layout will hold: finished records stored (a partition's length is in
-/// its B-tree's header), and the keys of the recognition rows in force at `now` (read: 8 bytes
-/// each) and the tags of older builds' rows (4 bytes each).
+/// What the maps of a layout will hold: finished records stored outside the filtered
+/// partitions (a partition's length is in its B-tree's header), and the keys of the
+/// recognition rows in force at `now` (read: 8 bytes each) and the tags of older builds' rows
+/// (4 bytes each); and what the filters take.
 struct Counted {
     records: u64,
     horizon_keys: u64,
     horizon_tags: u64,
+    filter_bytes: u64,
 }
 
-/// The partition catalog of `txn` (from its table names) and what its maps will hold at `now`.
-fn counted_catalog(txn: &redb::ReadTransaction, now: u64) -> Result<(Partitions, Counted), Error> {
+/// A partition and the filter row that holds for its table.
+type Filtered = Vec<(Arc<Partition>, FilterRow)>;
+
+/// The partition catalog of `txn` (from its table names), the filter rows that hold for its
+/// tables (keys hashed with `seed`), and what its maps will hold at `now`.
+fn counted_catalog(
+    txn: &redb::ReadTransaction,
+    seed: u64,
+    now: u64,
+) -> Result<(Partitions, Filtered, Counted), Error> {
     let names = partition_tables(txn)?;
     let partitions = Partitions::from_names(names.iter().map(String::as_str));
-    let counted = count(txn, &partitions, now)?;
-    Ok((partitions, counted))
+    let filters = filters_that_hold(txn, &partitions, seed)?;
+    let counted = count(txn, &partitions, &filters, now)?;
+    Ok((partitions, filters, counted))
 }
 
-fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Result<Counted, Error> {
+/// The partitions whose filter row holds for their table, with the row. A row that does not
+/// decode refuses the open (`Corrupted` naming it), as a summary's does.
+fn filters_that_hold(
+    txn: &redb::ReadTransaction,
+    partitions: &Partitions,
+    seed: u64,
+) -> Result<Filtered, Error> {
+    let rows = match txn.open_table(FILTERS) {
+        Ok(rows) => rows,
+        // A file no build with filters wrote yet.
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let hash = |k: &[u8]| key_index::index_hash(seed, k);
+    let mut held = Vec::new();
+    for part in partitions.catalog().parts() {
+        if let Some(row) = filter::read(&rows, &part.table)?
+            && row.head.holds_for(&txn.open_table(part.table())?, hash)?
+        {
+            held.push((Arc::clone(part), row));
+        }
+    }
+    Ok(held)
+}
+
+fn count(
+    txn: &redb::ReadTransaction,
+    partitions: &Partitions,
+    filters: &Filtered,
+    now: u64,
+) -> Result<Counted, Error> {
     let mut records = 0u64;
     for part in partitions.catalog().parts() {
-        records = records.saturating_add(txn.open_table(part.table())?.len()?);
+        if !filters.iter().any(|(p, _)| p.id == part.id) {
+            records = records.saturating_add(txn.open_table(part.table())?.len()?);
+        }
     }
+    let filter_bytes = filters.iter().map(|(_, r)| r.filter.memory_bytes()).sum();
     let mut horizon_keys = 0u64;
     horizon_rows(txn, RECOGNISED, now, &mut |bytes, _| {
         horizon_keys += named(RECOGNISED, decode_hashes(bytes))?.count() as u64;
@@ -164,6 +224,7 @@ fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Resu
         records,
         horizon_keys,
         horizon_tags,
+        filter_bytes,
     })
 }
 
@@ -172,6 +233,7 @@ fn count(txn: &redb::ReadTransaction, partitions: &Partitions, now: u64) -> Resu
 /// only: an open checks this before it writes anything.
 pub(crate) fn check_budget(
     db: &Database,
+    seed: u64,
     now: u64,
     caches: MemoryUse,
     budget: u64,
@@ -179,14 +241,17 @@ pub(crate) fn check_budget(
     let txn = db.begin_read()?;
     let (
         _,
+        _,
         Counted {
             records,
             horizon_keys,
             horizon_tags,
+            filter_bytes,
         },
-    ) = counted_catalog(&txn, now)?;
+    ) = counted_catalog(&txn, seed, now)?;
     let needed = MemoryUse {
         key_index: key_index::bytes_for(records),
+        key_filters: filter_bytes,
         horizon: horizon::bytes_for(horizon_keys, horizon_tags),
         ..caches
     };
@@ -250,11 +315,8 @@ fn copies_expire_by(
     for entry in txn.open_table(INFLIGHT)?.iter()? {
         let (k, _) = entry?;
         let key = RecordKey::from_stored(k.value());
-        for id in index.candidates(index.hash(k.value())).ids() {
-            let Some(part) = catalog.get(id) else {
-                continue;
-            };
-            let table = match tables.entry(id) {
+        holders(&catalog, index, index.hash(k.value()), |part| {
+            let table = match tables.entry(part.id) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(txn.open_table(part.table())?)
@@ -265,7 +327,8 @@ fn copies_expire_by(
             if let Ok(Some(rec)) = get_in(table, &key) {
                 latest = latest.max(rec.expires_at);
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(latest)
 }
@@ -391,11 +454,34 @@ fn in_partitions(
     parts: Partitioned<'_, impl PartitionReader>,
     at: &Lookup<'_>,
 ) -> Result<(), Error> {
-    for id in parts.index.candidates(at.hash).ids() {
-        if let Some(part) = parts.catalog.get(id)
-            && let Some(rec) = parts.reader.get(part, at.key)?
-        {
+    holders(parts.catalog, parts.index, at.hash, |part| {
+        if let Some(rec) = parts.reader.get(part, at.key)? {
             found.consider(rec, at.now);
+        }
+        Ok(())
+    })
+}
+
+/// Calls `each` with every partition of `catalog` that may hold the key whose index hash is
+/// `hash`, once each: those the key index names (ids no longer in the catalog skipped), then
+/// the filtered ones whose filter says it may.
+pub(crate) fn holders(
+    catalog: &Catalog,
+    index: &KeyIndex,
+    hash: u64,
+    mut each: impl FnMut(&Partition) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let named = index.candidates(hash);
+    for id in named.ids() {
+        if let Some(part) = catalog.get(id) {
+            each(part)?;
+        }
+    }
+    for part in catalog.filtered() {
+        if part.filter().is_some_and(|f| f.may_contain(hash))
+            && !named.ids().any(|id| id == part.id)
+        {
+            each(part)?;
         }
     }
     Ok(())

@@ -5,6 +5,8 @@
 //! PostgreSQL; the windows are here.
 //!
 //! From the bottom up:
+//! - head.rs: what a row kept beside a partition says of its table, and whether it holds;
+//! - filter.rs: a wide partition's keys as a filter, found without the key index;
 //! - partition.rs: partition names, a record's window, and the catalog;
 //! - memory.rs: what a hash map of so many entries costs;
 //! - key_index.rs: which partitions may hold a key;
@@ -16,6 +18,8 @@
 //! - replay_cache.rs: finished records kept in memory for replays;
 //! - txn.rs: the record store of one write transaction (find, store, remove).
 
+pub(crate) mod filter;
+pub(crate) mod head;
 pub(crate) mod horizon;
 pub(crate) mod key_index;
 pub(crate) mod locate;

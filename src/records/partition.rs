@@ -8,13 +8,14 @@
 //! record written under a clock that was far ahead holds back only its own partition.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 use redb::{ReadTransaction, TableDefinition, TableHandle};
 
 use crate::error::Error;
+use crate::records::filter::KeyFilter;
 use idemdb_core::retention::Rules;
 
 /// Table name prefix of a partition: `idemdb_p_{start:020}_{width}_{ttl}`, all in ms.
@@ -145,6 +146,10 @@ pub(crate) struct Partition {
     /// Its keys are summarised in a row of `idemdb_keys` (summary.rs), written by this
     /// process or found valid at open: the compactor does not summarise it again.
     pub(crate) summarized: AtomicBool,
+    /// Its keys as a filter (filter.rs): set before it enters a catalog (a wide partition's
+    /// switch) or, at open, before the first catalog that lists it as filtered; its keys are
+    /// then found through it, not through the key index.
+    filter: OnceLock<KeyFilter>,
 }
 
 impl Partition {
@@ -164,6 +169,16 @@ impl Partition {
 
     pub(crate) fn table(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
         TableDefinition::new(&self.table)
+    }
+
+    pub(crate) fn filter(&self) -> Option<&KeyFilter> {
+        self.filter.get()
+    }
+
+    /// Gives it its filter (once: a second is ignored). A catalog made before this does not
+    /// list it as filtered (see [`Partitions::refresh`]).
+    pub(crate) fn set_filter(&self, filter: KeyFilter) {
+        let _ = self.filter.set(filter);
     }
 }
 
@@ -190,17 +205,33 @@ pub(crate) fn partition_tables_with(
 pub(crate) struct Catalog {
     parts: Vec<Arc<Partition>>,
     positions: HashMap<PartitionId, usize>,
+    /// The partitions that had a filter when this catalog was made: a lookup asks each.
+    filtered: Vec<Arc<Partition>>,
 }
 
 impl Catalog {
     fn new(mut parts: Vec<Arc<Partition>>) -> Catalog {
         parts.sort_by_key(|p| p.name);
         let positions = parts.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
-        Catalog { parts, positions }
+        let filtered = parts
+            .iter()
+            .filter(|p| p.filter().is_some())
+            .cloned()
+            .collect();
+        Catalog {
+            parts,
+            positions,
+            filtered,
+        }
     }
 
     pub(crate) fn parts(&self) -> &[Arc<Partition>] {
         &self.parts
+    }
+
+    /// The partitions found through their filters rather than the key index.
+    pub(crate) fn filtered(&self) -> &[Arc<Partition>] {
+        &self.filtered
     }
 
     /// Where partition `id` is in [`parts`](Self::parts).
@@ -221,8 +252,16 @@ impl Catalog {
         if self.parts.last().is_none_or(|last| last.name < part.name) {
             let mut positions = self.positions.clone();
             positions.insert(part.id, parts.len());
+            let mut filtered = self.filtered.clone();
+            if part.filter().is_some() {
+                filtered.push(Arc::clone(&part));
+            }
             parts.push(part);
-            return Catalog { parts, positions };
+            return Catalog {
+                parts,
+                positions,
+                filtered,
+            };
         }
         parts.push(part);
         Catalog::new(parts)
@@ -262,6 +301,7 @@ impl Partitions {
                     name,
                     table,
                     summarized: AtomicBool::new(false),
+                    filter: OnceLock::new(),
                 })
             })
             .collect();
@@ -298,6 +338,7 @@ impl Partitions {
             table: name.table_name().into(),
             name,
             summarized: AtomicBool::new(false),
+            filter: OnceLock::new(),
         })
     }
 
@@ -359,6 +400,12 @@ impl Partitions {
             created: true,
             behind_newest: newer_exists,
         }
+    }
+
+    /// Makes the catalog again from the same partitions, so that it lists those given a filter
+    /// since (the open, before anything reads it).
+    pub(crate) fn refresh(&self) {
+        self.replace(&[], None);
     }
 
     /// Forgets a dropped partition.

@@ -4,32 +4,26 @@
 //! takes the horizon tags from them instead of reading the partition's pages.
 //!
 //! A row only speeds up what reading the partition would do, so it is used only while it
-//! still describes the table: the same length and the same first and last keys. Records leave
-//! a partition only when it is dropped whole, and a key already there can only be written
-//! again, so a table of unchanged length holds the keys it held (a record placed in it later,
-//! by a clock gone back, changes its length). The first and last keys tell apart a table of
-//! the same name and length made again after a drop by a build that kept no rows. A row that
-//! no longer holds is ignored: the table is read, as without it.
+//! still describes the table (head.rs: the same length and the same first and last keys). A
+//! row that no longer holds is ignored: the table is read, as without it.
 
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 use crate::error::Error;
+use crate::records::head::{HEAD_LEN, TableHead, le_u64};
 use crate::records::key_index::KeyIndex;
 
 /// Partition table name → [`Summary::encode`].
 pub(crate) const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_keys");
 
-/// Bytes before the hashes: count, first key's hash, last key's hash.
-const HEAD: usize = 24;
+/// Bytes before the hashes.
+const HEAD: usize = HEAD_LEN;
 
 /// A partition's keys as of one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Summary {
-    /// Records in the table.
-    pub(crate) count: u64,
-    /// Index hashes of its first and last keys (in key order); 0 for an empty table.
-    first: u64,
-    last: u64,
+    /// The table summarised.
+    pub(crate) head: TableHead,
     /// Its keys' index hashes, sorted and distinct.
     pub(crate) hashes: Vec<u64>,
 }
@@ -37,13 +31,8 @@ pub(crate) struct Summary {
 impl Summary {
     /// The summary of a table of `count` records whose first and last keys (in key order) hash
     /// to `first` and `last`, and whose keys hash to `hashes` (sorted, distinct).
-    pub(crate) fn new(count: u64, first: u64, last: u64, hashes: Vec<u64>) -> Summary {
-        Summary {
-            count,
-            first,
-            last,
-            hashes,
-        }
+    pub(crate) fn new(head: TableHead, hashes: Vec<u64>) -> Summary {
+        Summary { head, hashes }
     }
 
     /// Reads every key of `table`.
@@ -61,35 +50,27 @@ impl Summary {
         };
         hashes.sort_unstable();
         hashes.dedup();
+        let count = table.len()?;
         Ok(Summary {
-            count: table.len()?,
-            first,
-            last,
+            head: TableHead { count, first, last },
             hashes,
         })
     }
 
-    /// Whether `table` still holds the keys summarised: its length, first and last keys are
-    /// unchanged (see the module's comment). Reads two paths of the B-tree.
+    /// Whether `table` still holds the keys summarised (head.rs). Reads two paths of the
+    /// B-tree.
     pub(crate) fn holds_for(
         &self,
         table: &impl ReadableTable<&'static [u8], &'static [u8]>,
         index: &KeyIndex,
     ) -> Result<bool, Error> {
-        if table.len()? != self.count {
-            return Ok(false);
-        }
-        let first = table.first()?.map_or(0, |(k, _)| index.hash(k.value()));
-        let last = table.last()?.map_or(0, |(k, _)| index.hash(k.value()));
-        Ok(first == self.first && last == self.last)
+        self.head.holds_for(table, |k| index.hash(k))
     }
 
     /// `count`, `first`, `last`, then each hash: `u64` little-endian.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEAD + 8 * self.hashes.len());
-        for n in [self.count, self.first, self.last] {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
+        self.head.encode_into(&mut out);
         for h in &self.hashes {
             out.extend_from_slice(&h.to_le_bytes());
         }
@@ -108,25 +89,18 @@ impl Summary {
                 bytes.len()
             )));
         }
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&bytes[i..i + 8]);
-            u64::from_le_bytes(w)
-        };
-        let hashes: Vec<u64> = (HEAD..bytes.len()).step_by(8).map(word).collect();
+        let hashes: Vec<u64> = (HEAD..bytes.len())
+            .step_by(8)
+            .map(|at| le_u64(bytes, at))
+            .collect();
         if hashes.windows(2).any(|w| w[0] >= w[1]) {
             return Err(bad("hashes not sorted and distinct"));
         }
-        let count = word(0);
-        if hashes.len() as u64 > count {
+        let head = TableHead::decode(bytes);
+        if hashes.len() as u64 > head.count {
             return Err(bad("more hashes than records"));
         }
-        Ok(Summary {
-            count,
-            first: word(8),
-            last: word(16),
-            hashes,
-        })
+        Ok(Summary { head, hashes })
     }
 }
 
@@ -161,9 +135,11 @@ mod tests {
     #[test]
     fn a_row_decodes_to_what_was_encoded_and_damage_is_refused_naming_the_table() {
         let s = Summary {
-            count: 5,
-            first: 9,
-            last: 3,
+            head: TableHead {
+                count: 5,
+                first: 9,
+                last: 3,
+            },
             hashes: vec![1, 3, 9, u64::MAX],
         };
         assert_eq!(Summary::decode(&s.encode(), "t").unwrap(), s);

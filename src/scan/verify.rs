@@ -10,9 +10,11 @@ use crate::config::SCAN_PROGRESS_EVERY;
 use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
 use crate::error::Error;
 use crate::record::{Record, RecordState};
+use crate::records::filter::{FILTERS, FilterRow};
 use crate::records::horizon::{
     HORIZON, RECOGNISED, decode_hashes, decode_tags, is_source, row_source,
 };
+use crate::records::key_index::KeyIndex;
 use crate::records::partition::{PartitionName, partition_names};
 use crate::records::summary::{SUMMARIES, Summary};
 use idemdb_core::scope::RecordKey;
@@ -65,6 +67,7 @@ pub struct Problem {
 /// what is checked).
 pub(crate) fn verify(
     txn: &ReadTransaction,
+    index: &KeyIndex,
     now: u64,
     max_problems: usize,
     progress: &mut impl FnMut(u64),
@@ -86,6 +89,7 @@ pub(crate) fn verify(
     }
     check.horizon(txn)?;
     check.summaries(txn)?;
+    check.filters(txn, index)?;
     let read = check.read;
     let report = check.report;
     progress(read);
@@ -136,6 +140,7 @@ impl<P: FnMut(u64)> Check<'_, P> {
                 INFLIGHT.name(),
                 HORIZON.name(),
                 SUMMARIES.name(),
+                FILTERS.name(),
             ]
             .contains(&name.as_str())
             {
@@ -353,6 +358,51 @@ impl<P: FnMut(u64)> Check<'_, P> {
             let (k, v) = row?;
             if let Err(e) = Summary::decode(v.value(), k.value()) {
                 self.problem(name, Some(k.value().as_bytes()), corrupted_text(e));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<P: FnMut(u64)> Check<'_, P> {
+    /// The wide partitions' filters (optional): each row decodes, and a row that holds for its
+    /// table (the open uses it) answers "maybe" for every key of it: a key it lacked would be
+    /// a record no lookup finds.
+    fn filters(&mut self, txn: &ReadTransaction, index: &KeyIndex) -> Result<(), Error> {
+        let name = FILTERS.name();
+        let rows = match txn.open_table(FILTERS) {
+            Ok(rows) => rows,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return self.unreadable(name, e),
+        };
+        for row in rows.iter()? {
+            let (k, v) = row?;
+            let part = k.value();
+            let row = match FilterRow::decode(v.value(), part) {
+                Ok(row) => row,
+                Err(e) => {
+                    self.problem(name, Some(part.as_bytes()), corrupted_text(e));
+                    continue;
+                }
+            };
+            let table = match txn.open_table(TableDefinition::<&[u8], &[u8]>::new(part)) {
+                Ok(table) => table,
+                // A row of a table that is gone is never read.
+                Err(TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return self.unreadable(part, e),
+            };
+            if !row.head.holds_for(&table, |k| index.hash(k))? {
+                continue;
+            }
+            let mut lacked = 0u64;
+            for entry in table.iter()? {
+                if !row.filter.may_contain(index.hash(entry?.0.value())) {
+                    lacked += 1;
+                }
+            }
+            if lacked > 0 {
+                let what = format!("the filter lacks {lacked} keys of the table it describes");
+                self.problem(name, Some(part.as_bytes()), what);
             }
         }
         Ok(())

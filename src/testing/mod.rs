@@ -75,18 +75,27 @@ pub fn queued_ops(db: &crate::db::IdemDb) -> usize {
     db.writer.queued()
 }
 
-/// How many partitions a lookup of `key` in `scope` reads: those the key index names for it
-/// that are still in the catalog (docs/design.md §8.3).
+/// The partitions a lookup of `key` in `scope` reads (docs/design.md §8.3): how many the key
+/// index names for it that are still in the catalog, and how many filtered partitions' filters
+/// admit it (those that hold it, and about 1 in 256 of the others).
 pub fn partitions_probed(
     db: &crate::db::IdemDb,
     scope: &idemdb_core::scope::Scope,
     key: &idemdb_core::scope::Key,
-) -> Result<usize, crate::error::Error> {
+) -> Result<(usize, usize), crate::error::Error> {
     let key = idemdb_core::scope::RecordKey::encode(scope, key, db.limits())?;
     let layout = &db.engine.layout;
     let catalog = layout.partitions.catalog();
-    let named = layout.index.candidates(layout.index.hash(key.as_bytes()));
-    Ok(named.ids().filter(|&id| catalog.get(id).is_some()).count())
+    let hash = layout.index.hash(key.as_bytes());
+    let (mut named, mut admitted) = (0, 0);
+    crate::records::locate::holders(&catalog, &layout.index, hash, |part| {
+        match part.filter() {
+            Some(f) if f.may_contain(hash) => admitted += 1,
+            _ => named += 1,
+        }
+        Ok(())
+    })?;
+    Ok((named, admitted))
 }
 
 /// How many finished records the replay cache holds (docs/design.md §6).
@@ -170,4 +179,35 @@ pub fn recorded_log(database: &[u8]) -> Result<(u64, bool), String> {
         recorded.checkpoint,
         recorded.state.is_some_and(|s| s.in_use),
     ))
+}
+
+/// What asking the wide partitions' filters costs a lookup (docs/benchmarks.md §6): builds
+/// `filters` filters of `keys` distinct random hashes each, then times `lookups` lookups of
+/// hashes none of them holds, each asking every filter. Returns the mean ns per lookup and the
+/// share of (lookup, filter) pairs answered with a false "maybe".
+pub fn filter_lookup_cost(filters: usize, keys: u64, lookups: u64) -> (f64, f64) {
+    use crate::records::filter::KeyFilter;
+    // SplitMix64: distinct outputs for distinct inputs.
+    let hash = |n: u64| {
+        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let built: Vec<KeyFilter> = (0..filters as u64)
+        .filter_map(|f| {
+            let mut hashes: Vec<u64> = (0..keys).map(|i| hash((f << 40) | i)).collect();
+            hashes.sort_unstable();
+            KeyFilter::build(&hashes)
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut maybe = 0u64;
+    for i in 0..lookups {
+        let h = hash((1 << 62) | i);
+        maybe += built.iter().filter(|f| f.may_contain(h)).count() as u64;
+    }
+    let ns = started.elapsed().as_nanos() as f64 / lookups.max(1) as f64;
+    let pairs = (lookups.max(1) * built.len().max(1) as u64) as f64;
+    (ns, maybe as f64 / pairs)
 }

@@ -46,6 +46,7 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
                 "page_cache": s.memory.page_cache,
                 "replay_cache": s.memory.replay_cache,
                 "key_index": s.memory.key_index,
+                "key_filters": s.memory.key_filters,
                 "horizon": s.memory.horizon,
                 "total": s.memory.total(),
             },
@@ -85,7 +86,8 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
             s.stored_records, s.in_flight_records, finished
         ),
         format!(
-            "partitions          {} (keys read at open: {}; the others' from their summaries)",
+            "partitions          {} (keys read at open: {}; the others' from their summaries \
+             or filters)",
             s.partitions, s.partitions_read_at_open
         ),
         format!(
@@ -93,13 +95,15 @@ pub fn stats(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliError
             s.indexed_keys,
             size(s.memory.key_index)
         ),
+        format!("wide filters        {}", size(s.memory.key_filters)),
         format!(
             "horizon keys        {} (in memory: {})",
             s.horizon_keys,
             size(s.memory.horizon)
         ),
         format!(
-            "memory              {} (page cache {}, replay cache {}, key index and horizon)",
+            "memory              {} (page cache {}, replay cache {}, key index, filters and \
+             horizon)",
             size(s.memory.total()),
             size(s.memory.page_cache),
             size(s.memory.replay_cache)

@@ -100,6 +100,20 @@ fn open(path: &std::path::Path) -> Arc<IdemDb> {
     Arc::new(IdemDb::open(path).unwrap())
 }
 
+/// Closes `db` once no one else holds it: a task the layer spawned for a request (its lease
+/// heartbeat) may end a moment after the server stopped, and the file opens once only.
+async fn close_once_released(db: Arc<IdemDb>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Arc::strong_count(&db) > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the handle is still held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    drop(db);
+}
+
 /// A server on the store under test, with fresh handler counts.
 async fn start<S: Store>(under: &Under<S>, config: IdempotencyConfig) -> (Counts, Server) {
     let counts = Counts::default();
@@ -243,8 +257,9 @@ async fn a_replay_after_a_restart_is_byte_identical() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let counts = Counts::default();
+    let db = open(&path);
     let server = serve(
-        open(&path),
+        Arc::clone(&db),
         counts.clone(),
         IdempotencyConfig::global_keys(),
     )
@@ -259,6 +274,7 @@ async fn a_replay_after_a_restart_is_byte_identical() {
     .await;
     drop(client);
     server.stop().await;
+    close_once_released(db).await;
 
     let server = serve(
         open(&path),

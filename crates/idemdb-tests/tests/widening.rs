@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::{
     LEASE, T0, acquired, finish, minutes, open_retained, partition_tables, reopenable, tables_named,
 };
-use idemdb::redb::{self, TableDefinition};
+use idemdb::redb::{self, ReadableTable, TableDefinition};
 use idemdb::{IdemDb, Key, ManualClock, RecordState, ReserveOutcome, Scope};
 use idemdb_testkit::{Fault, FaultBackend, TearMode};
 
@@ -109,19 +109,42 @@ fn closed_narrow_partitions_are_merged_into_one_wide_partition_that_answers_the_
         RecordState::InProgress,
         "in the in-flight table, untouched"
     );
-    assert_eq!(db.stats().indexed_keys, 300);
+    // Found through the wide partition's filter (docs/design.md §8.3): the key index holds
+    // none of its keys.
+    let stats = db.stats();
+    assert_eq!(stats.indexed_keys, 0);
+    let filters = stats.memory.key_filters;
+    assert!(
+        (300..=1_200).contains(&filters),
+        "{filters} bytes for 300 keys"
+    );
     // A second pass finds nothing more to do.
     assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
     drop(db);
     assert_eq!(partition_tables(&path), vec![wide_table(S)]);
+    assert_eq!(
+        tables_named(&path, "idemdb_filters"),
+        vec!["idemdb_filters"]
+    );
 
     let db = open(&path, &clock);
+    let stats = db.stats();
     assert_eq!(
-        db.stats().partitions_read_at_open,
-        0,
-        "the wide one has its summary"
+        (stats.partitions_read_at_open, stats.indexed_keys),
+        (0, 0),
+        "the wide one has its filter"
     );
+    assert_eq!(stats.memory.key_index, 0);
+    assert_eq!(stats.memory.key_filters, filters);
     all_answer(&db);
+    // A key never stored is acquired, whichever filter admits it falsely.
+    for i in 0..1_000 {
+        let r = acquired(
+            db.reserve(&scope(), &Key::new(format!("new-{i}")), b"x", LEASE)
+                .unwrap(),
+        );
+        assert!(!r.is_beyond_horizon());
+    }
     let report = db.verify(10, |_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
 }
@@ -535,4 +558,138 @@ fn a_key_twice_across_a_build_step_boundary_is_never_merged() {
     assert_eq!(db.compact_now().unwrap().wide_partitions_built, 0);
     all_big_answer(&db, &keys);
     assert_eq!(db.stats().partitions, 3);
+}
+
+/// The window at `S` widened (three narrow partitions of 100 records merged).
+fn widened(path: &Path, clock: &ManualClock) -> IdemDb {
+    let db = three_narrow(path, clock);
+    clock.set(S + WIDE + 1_000);
+    assert_eq!(db.compact_now().unwrap().wide_partitions_built, 1);
+    db
+}
+
+const FILTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_filters");
+
+/// Replaces the filter row of the wide partition at `S` in the closed database at `path` by
+/// what `change` makes of it.
+fn change_filter_row(path: &Path, change: impl FnOnce(&mut Vec<u8>)) {
+    let redb = redb::Database::open(path).unwrap();
+    let txn = redb.begin_write().unwrap();
+    {
+        let mut rows = txn.open_table(FILTERS).unwrap();
+        let table = wide_table(S);
+        let mut row = rows.get(table.as_str()).unwrap().unwrap().value().to_vec();
+        change(&mut row);
+        rows.insert(table.as_str(), row.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_filter_row_that_no_longer_describes_its_table_is_not_used() {
+    let (_dir, path, clock) = reopenable();
+    drop(widened(&path, &clock));
+    // Opened with partitions as wide as the wide one, the clock back in its window: a record
+    // is placed in the wide partition, after its filter was built.
+    clock.set(S + 10_000);
+    let as_wide = minutes(60).partition_width(std::time::Duration::from_millis(WIDE));
+    let db = open_retained(&path, &clock, as_wide);
+    fill(&db, "late", 1);
+    answers(&db, "late", 0).unwrap();
+    drop(db);
+
+    clock.set(S + WIDE + 2_000);
+    let db = open(&path, &clock);
+    let stats = db.stats();
+    assert_eq!(
+        (stats.partitions_read_at_open, stats.indexed_keys),
+        (1, 301),
+        "the filter and the summary no longer hold: the table is read"
+    );
+    assert_eq!(stats.memory.key_filters, 0);
+    answers(&db, "late", 0).unwrap();
+    all_answer(&db);
+}
+
+#[test]
+fn a_damaged_filter_row_refuses_the_open_naming_it() {
+    let (_dir, path, clock) = reopenable();
+    drop(widened(&path, &clock));
+    change_filter_row(&path, |row| row[44] ^= 0x10);
+    match open_retained_result(&path, &clock) {
+        Err(idemdb::Error::Corrupted(why)) => {
+            let named = format!("idemdb_filters: the row of {}", wide_table(S));
+            assert!(why.contains(&named), "{why}");
+            assert!(why.contains("checksum mismatch"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn open_retained_result(path: &Path, clock: &ManualClock) -> Result<IdemDb, idemdb::Error> {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(minutes(60))
+        .open(path)
+}
+
+/// A row whose checksum matches but whose filter lacks keys of its table (written so by a
+/// faulty build, or damaged and its checksum recomputed) hides those records from every
+/// lookup: `verify` says so.
+#[test]
+fn verify_lists_a_filter_that_lacks_keys_of_its_table() {
+    let (_dir, path, clock) = reopenable();
+    drop(widened(&path, &clock));
+    change_filter_row(&path, |row| {
+        let body = row.len() - 8;
+        row[40..body].fill(0x5a);
+        let sum = xxhash_rust::xxh3::xxh3_64(&row[..body]);
+        row[body..].copy_from_slice(&sum.to_le_bytes());
+    });
+    let db = open(&path, &clock);
+    let report = db.verify(10, |_| {}).unwrap();
+    assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+    let problem = &report.problems[0];
+    assert_eq!(problem.table, "idemdb_filters");
+    assert_eq!(problem.key.as_deref(), Some(wide_table(S).as_bytes()));
+    assert!(
+        problem.what.contains("the filter lacks"),
+        "{}",
+        problem.what
+    );
+}
+
+/// The budget an open checks counts a wide partition's filter, not a key index entry per
+/// record (docs/design.md §8.7).
+#[test]
+fn the_memory_budget_counts_a_wide_partitions_filter_not_its_records() {
+    let (_dir, path, clock) = reopenable();
+    let filters = {
+        let db = widened(&path, &clock);
+        db.stats().memory.key_filters
+    };
+    let caches = (4 << 20) + (1 << 20);
+    let open_within = |budget: u64| {
+        IdemDb::builder()
+            .clock(clock.clone())
+            .retention(minutes(60))
+            .cache_size(4 << 20)
+            .replay_cache(1 << 20)
+            .memory_budget(budget)
+            .open(&path)
+    };
+    match open_within(caches + filters - 1) {
+        Err(idemdb::Error::MemoryBudget {
+            needed, records, ..
+        }) => {
+            assert_eq!(
+                (needed.key_filters, needed.key_index, records),
+                (filters, 0, 0)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let db = open_within(caches + filters).unwrap();
+    assert_eq!(db.stats().memory.total(), caches + filters);
+    all_answer(&db);
 }

@@ -1,5 +1,6 @@
 //! Filling a store the way a service would: completed records, 64 callers, the clock moving
-//! through one simulated day so that every window of the day gets its share.
+//! through the simulated span (a day unless `IDEMDB_SCALE_DAYS` says more) so that every
+//! window of it gets its share.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
 use parking_lot::Mutex;
 
-use crate::settings::{LEASE, LOAD_THREADS, REQUEST, RESPONSE, SPAN_MS, T0_MS, TTL};
+use crate::settings::{LEASE, LOAD_THREADS, REQUEST, RESPONSE, T0_MS, TTL, span_ms};
 use crate::shared::keys::{OPERATION, PRINCIPAL, key_bytes};
 
 /// The retention every store of the bench runs with: 7-day TTL, default partitions; the
@@ -27,14 +28,14 @@ pub fn scope() -> Scope {
     Scope::new(OPERATION, PRINCIPAL)
 }
 
-/// The simulated time at which record `id` of `records` is written: the day spread evenly.
+/// The simulated time at which record `id` of `records` is written: the span spread evenly.
 pub fn written_at(id: u64, records: u64) -> u64 {
-    T0_MS + id * SPAN_MS / records.max(1)
+    T0_MS + id * span_ms() / records.max(1)
 }
 
-/// The moment every measurement runs at: the end of the simulated day.
+/// The moment every measurement runs at: the end of the simulated span.
 pub fn day_end() -> u64 {
-    T0_MS + SPAN_MS
+    T0_MS + span_ms()
 }
 
 /// Opens the store for a measurement: no background compactor (the load left nothing to do).

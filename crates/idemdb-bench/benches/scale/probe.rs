@@ -163,6 +163,8 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         "rss_after_open": rss_open,
         "peak_rss_open": peak_open,
         "indexed_keys": stats.indexed_keys,
+        "key_index_bytes": stats.memory.key_index,
+        "key_filter_bytes": stats.memory.key_filters,
         "stored_records": stats.stored_records,
         "partitions": stats.partitions,
         "partitions_read_at_open": stats.partitions_read_at_open,

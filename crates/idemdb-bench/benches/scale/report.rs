@@ -31,6 +31,9 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Fresh reserves on an empty database: the baseline of the fresh-reserve column.
     pub empty: Option<Value>,
+    /// What asking the filters alone costs a lookup: (filters, keys each, ns per lookup
+    /// asking all, false "maybe" rate).
+    pub filters: Vec<(usize, u64, f64, f64)>,
 }
 
 fn mib(bytes: f64) -> String {
@@ -59,8 +62,9 @@ impl Report {
         let _ = writeln!(
             md,
             "\nRecords of 100-byte requests and 200-byte responses, 7-day TTL, default partitions (10 s), \
-             written by 64 callers over one simulated day. Each measurement runs in a process of its own. \
+             written by 64 callers over {} simulated day(s). Each measurement runs in a process of its own. \
              A fresh reserve on an empty database: p50 {} µs. redb's cache: {}.\n",
+            crate::settings::days(),
             us(empty_p50),
             crate::load::cache_size()
                 .map_or("the default".to_string(), |b| format!("{} MiB", b >> 20))
@@ -79,7 +83,7 @@ impl Report {
                 "open, warm, no verify_on_open, ms",
                 "plain redb open, ms",
                 "RSS after open, MiB (peak)",
-                "indexed keys",
+                "indexed keys (key index + filters, MiB)",
                 "replays/s, 1 caller",
                 "replay p50 / p99, µs",
                 "plain redb point reads/s (partition known)",
@@ -119,7 +123,12 @@ impl Report {
                         mib(f(&r.warm, &["rss_after_open"])),
                         mib(f(&r.warm, &["peak_rss_open"]))
                     ),
-                    fmt_val(Some(f(&r.warm, &["indexed_keys"])), 0),
+                    format!(
+                        "{} ({} + {})",
+                        fmt_val(Some(f(&r.warm, &["indexed_keys"])), 0),
+                        mib(f(&r.warm, &["key_index_bytes"])),
+                        mib(f(&r.warm, &["key_filter_bytes"]))
+                    ),
                     fmt_val(Some(f(&r.first, &["replays", "per_s"])), 0),
                     format!(
                         "{} / {}",
@@ -137,6 +146,33 @@ impl Report {
             );
         }
         self.targets(&mut md, empty_p50);
+        if !self.filters.is_empty() {
+            md.push_str(
+                "\nThe filters alone (`idemdb::testing::filter_lookup_cost`): lookups of absent \
+                 hashes, each asking every filter.\n\n",
+            );
+            table_row(
+                &mut md,
+                &[
+                    "filters",
+                    "keys each",
+                    "ns per lookup",
+                    "false \"maybe\" per filter",
+                ],
+            );
+            table_row(&mut md, &["--:"; 4]);
+            for &(filters, keys, ns, rate) in &self.filters {
+                table_row(
+                    &mut md,
+                    &[
+                        filters.to_string(),
+                        fmt_val(Some(keys as f64), 0),
+                        format!("{ns:.0}"),
+                        format!("{:.2} %", rate * 100.0),
+                    ],
+                );
+            }
+        }
         md
     }
 
@@ -192,7 +228,8 @@ impl Report {
         );
     }
 
-    /// Prints the table and, unless `test_mode`, writes it to `target/bench-results/scale.md`.
+    /// Prints the table and, unless `test_mode`, writes it to `target/bench-results/scale.md`
+    /// (`scale-{days}d.md` for a span of more than a day).
     pub fn publish(&self, test_mode: bool) {
         let md = self.markdown();
         println!("\n{md}");
@@ -201,7 +238,10 @@ impl Report {
         }
         let dir = target_dir().join("bench-results");
         std::fs::create_dir_all(&dir).expect("bench-results");
-        let path = dir.join("scale.md");
+        let path = dir.join(match crate::settings::days() {
+            1 => "scale.md".to_string(),
+            days => format!("scale-{days}d.md"),
+        });
         std::fs::write(&path, &md).expect("write scale.md");
         println!("written: {}", path.display());
     }

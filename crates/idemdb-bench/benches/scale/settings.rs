@@ -8,8 +8,21 @@ pub const REQUEST: &[u8; 100] = b"{\"sku\":\"book-000000000001\",\"cents\":1999,
 pub const RESPONSE: &[u8; 200] = b"201 Created\r\ncontent-type: application/json\r\n\r\n{\"order\":\"o-000000000001\",\"total\":1999,\"currency\":\"EUR\",\"items\":[{\"sku\":\"book-000000000001\",\"qty\":1}],\"status\":\"paid\",\"receipt\":\"r-00000000000001\"}......";
 /// The domain's horizon: records count for 7 days.
 pub const TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-/// The simulated span the records of one size are written over: one day of traffic.
-pub const SPAN_MS: u64 = 24 * 3600 * 1000;
+/// The simulated days the records of one size are written over: `IDEMDB_SCALE_DAYS` (1 to 7,
+/// the TTL: nothing expires), one by default. Seven is the steady state of a 7-day TTL: a
+/// wide partition per hour of the week.
+pub fn days() -> u64 {
+    std::env::var("IDEMDB_SCALE_DAYS")
+        .ok()
+        .map(|d| d.trim().parse().expect("IDEMDB_SCALE_DAYS: 1 to 7"))
+        .unwrap_or(1u64)
+        .clamp(1, 7)
+}
+
+/// The simulated span the records of one size are written over, in ms.
+pub fn span_ms() -> u64 {
+    days() * 24 * 3600 * 1000
+}
 /// The simulated clock's start, aligned to the partition width.
 pub const T0_MS: u64 = 1_700_006_400_000;
 /// Callers loading the store (group commit batches them).
@@ -26,7 +39,8 @@ pub struct Plan {
     pub drop_page_cache: bool,
 }
 
-/// `IDEMDB_SCALE_RECORDS` (comma-separated record counts, default 1M, 10M, 50M); in
+/// `IDEMDB_SCALE_RECORDS` (comma-separated record counts, default 1M, 10M, 50M; empty: none,
+/// only the empty store and the filters alone); in
 /// criterion's test mode (`cargo test --benches`) one tiny size and short measurements.
 pub fn plan(test_mode: bool) -> Plan {
     if test_mode {
@@ -41,6 +55,7 @@ pub fn plan(test_mode: bool) -> Plan {
         .ok()
         .map(|s| {
             s.split(',')
+                .filter(|n| !n.trim().is_empty())
                 .map(|n| {
                     n.trim()
                         .replace('_', "")
