@@ -59,14 +59,11 @@ impl Layout {
                 ..
             },
         ) = counted_catalog(&txn, seed, now)?;
-        let mut filtered = Vec::with_capacity(filters.len());
         for (part, row) in filters {
             part.set_filter(row.filter);
             part.mark_summarized();
-            filtered.push(part.id);
         }
         partitions.refresh();
-        filtered.sort_unstable();
         let index = KeyIndex::with_capacity(seed, records);
         let rows = match txn.open_table(SUMMARIES) {
             Ok(rows) => Some(rows),
@@ -76,7 +73,7 @@ impl Layout {
         };
         let mut partitions_read = 0;
         for part in partitions.catalog().parts() {
-            if filtered.binary_search(&part.id).is_ok() {
+            if part.filter().is_some() {
                 continue;
             }
             let table = txn.open_table(part.table())?;
