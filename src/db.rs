@@ -140,6 +140,8 @@ impl IdemDb {
             log_step: config.log_step,
         };
         let (log, recovered) = crate::recovery::open_log(&db, log, &opening)?;
+        // The open's commit is a checkpoint with nothing written after it.
+        crate::redb_buffer::write_out(&db, config.quick_repair)?;
         let log_gauges = log.gauges();
         let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
         let engine = Arc::new(Engine::new(

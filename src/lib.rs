@@ -54,9 +54,11 @@ mod tx;
 mod tx_table;
 // The record store: partitions, the key index, the overlay, the read snapshot.
 mod records;
-// Whole-file work beside the writer: the meta table and upgrades, recovery at open, scans.
+// Whole-file work beside the writer: the meta table and upgrades, recovery at open, redb's
+// write buffer written out, scans.
 mod meta;
 mod recovery;
+mod redb_buffer;
 mod scan;
 // The engine's shared state, the group-commit writer, the compactor above it.
 mod compactor;

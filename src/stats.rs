@@ -98,7 +98,9 @@ pub struct Stats {
     /// Keys held for beyond-horizon recognition: of dropped partitions and swept abandoned
     /// reservations, until the pass after their horizon ends (18 to 36 bytes of memory each).
     pub horizon_keys: u64,
-    /// Key hashes in the in-memory partition index (19 to 39 bytes of memory each).
+    /// Entries of the in-memory key index: (key, partition) pairs of the partitions not found
+    /// through a filter, a key in two partitions counting twice (8 bytes each at 3/4 full:
+    /// 10.7 to 16 bytes of memory each).
     pub indexed_keys: u64,
     /// Partitions whose keys the open read to rebuild the key index: those without a summary
     /// that still held (their window had not closed, or a record was placed in them after

@@ -3,15 +3,18 @@
 //! to what it read (canonical forms only). And valid samples of each, its seed corpus.
 
 use crate::record::Record;
+use crate::records::filter::{FilterRow, KeyFilter};
+use crate::records::head::TableHead;
 use crate::records::horizon::{
     decode_hashes, decode_tags, encode_hashes, encode_tags, row_key, row_source, row_until,
 };
 use crate::records::partition::PartitionName;
+use crate::records::summary::Summary;
 use crate::wal::frame::fuzz as wal;
 use crate::wal::state::LogState;
 
 /// Which decoder an input is for: its first byte, modulo this.
-pub const DECODERS: u8 = 6;
+pub const DECODERS: u8 = 8;
 
 /// Runs the decoder the first byte of `data` selects (modulo [`DECODERS`]) on the rest, and
 /// checks that what it accepts round-trips. Panics on a violation (the fuzzer's finding).
@@ -60,12 +63,31 @@ pub fn decode_any(data: &[u8]) {
             }
         }
         4 => wal::header_and_cycle_round_trip(bytes),
-        _ => {
+        5 => {
             if let Ok(state) = LogState::decode(bytes) {
                 assert_eq!(&state.encode()[..], bytes);
             }
         }
+        6 => {
+            if let Ok(summary) = Summary::decode(bytes, "t") {
+                assert_eq!(summary.encode(), bytes);
+            }
+        }
+        _ => {
+            if let Ok(row) = FilterRow::decode(bytes, "t") {
+                assert_eq!(row.encode(), bytes);
+                // A filter that decodes answers any hash (its slots stay inside its array).
+                for hash in [0, 1, u64::MAX, le_hash(bytes)] {
+                    let _ = row.filter.may_contain(hash);
+                }
+            }
+        }
     }
+}
+
+/// Some hash of `bytes`, for a lookup that depends on the input.
+fn le_hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// Valid inputs for every decoder (each with its selector byte first), named: the `decode`
@@ -120,6 +142,30 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
             in_use,
         };
         add(format!("log-state-{i}"), 5, state.encode().to_vec());
+    }
+    for (i, n) in [0u64, 3, 1_000].into_iter().enumerate() {
+        let hashes: Vec<u64> = (0..n)
+            .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+            .collect();
+        let mut sorted = hashes.clone();
+        sorted.sort_unstable();
+        let head = TableHead {
+            count: n,
+            first: sorted.first().copied().unwrap_or(0),
+            last: sorted.last().copied().unwrap_or(0),
+        };
+        add(
+            format!("summary-{i}"),
+            6,
+            Summary::new(head, sorted).encode(),
+        );
+        if let Some(filter) = KeyFilter::build(&hashes) {
+            add(
+                format!("filter-{i}"),
+                7,
+                FilterRow::new(head, filter).encode(),
+            );
+        }
     }
     seeds
 }

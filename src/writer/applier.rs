@@ -26,7 +26,8 @@ impl Writer {
     }
 
     /// Every `interval`: a checkpoint when one is due (by age, or asked for by size), else a
-    /// pass that writes the overlay into redb.
+    /// pass that writes the overlay into redb; and once a pass finds that nothing followed the
+    /// last checkpoint, redb's buffer written out (checkpoint.rs).
     fn run_applier(self: Arc<Self>, interval: Duration) {
         lower_own_priority();
         let every = self.config.checkpoint_interval;
@@ -54,6 +55,7 @@ impl Writer {
                 next_checkpoint = Instant::now() + every;
             } else {
                 let _ = self.settle();
+                let _ = self.write_out_redb_buffer();
             }
             state = self.applier.lock();
         }

@@ -59,6 +59,16 @@ impl Writer {
         self.queue.lock().jobs.len()
     }
 
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn redb_buffer_pending(&self) -> bool {
+        self.durable_since_write_out.load(Ordering::Acquire)
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn leading(&self) -> bool {
+        self.queue.lock().leader_active
+    }
+
     pub(super) fn refusing(&self, queue: &Queue) -> bool {
         queue.shutdown || self.engine.is_poisoned()
     }

@@ -164,7 +164,13 @@ fn ops_queued_behind_a_batch_are_led_by_the_committer_thread() {
         led_by.recv_timeout(WAIT).unwrap().as_deref(),
         Some("idemdb-committer")
     );
-    // A lone caller still commits on its own thread, with no hand-off.
+    // A lone caller still commits on its own thread, with no hand-off. (The committer thread
+    // answers the followers before it finds the queue empty; an op queued in between is its.)
+    let idle_by = std::time::Instant::now() + WAIT;
+    while idemdb::testing::batch_being_led(&db) {
+        assert!(std::time::Instant::now() < idle_by, "the batch never ended");
+        thread::yield_now();
+    }
     let led_by = next_committer_thread(&db);
     let lone = thread::Builder::new()
         .name("lone-caller".into())

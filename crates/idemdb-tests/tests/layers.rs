@@ -42,7 +42,7 @@ const IDEMDB: &[(&str, &[&str])] = &[
     ("the record store", &["records"]),
     (
         "whole-file work: meta and upgrades, recovery, scans",
-        &["meta", "recovery", "scan"],
+        &["meta", "recovery", "redb_buffer", "scan"],
     ),
     ("the engine's shared state", &["engine"]),
     ("the group-commit writer", &["writer"]),

@@ -57,11 +57,18 @@ fn open_with(
     let mut builder = IdemDb::builder()
         .clock(clock.clone())
         .retention(retention(compact_every))
-        .verify_on_open(verify);
+        .verify_on_open(verify)
+        .quick_repair(quick_repair());
     if let Some(bytes) = cache_size() {
         builder = builder.cache_size(bytes);
     }
     builder.open(path).expect("open idemdb")
+}
+
+/// `Builder::quick_repair` for every open of the run: `IDEMDB_SCALE_QUICK_REPAIR=1` turns it
+/// on (default off, the builder's default).
+pub fn quick_repair() -> bool {
+    std::env::var_os("IDEMDB_SCALE_QUICK_REPAIR").is_some_and(|v| v == "1")
 }
 
 /// redb's cache for every open of the run: `IDEMDB_SCALE_CACHE_MB` MiB, else the default.

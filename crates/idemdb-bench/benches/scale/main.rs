@@ -10,8 +10,11 @@
 //!    up to 500,000 random stored keys by one caller for 10 s (rate, p50, p99), then 2,000
 //!    reserves of fresh keys (p50, p99), against the same on an empty database (`probe.rs`);
 //! 3. opens it again in a new process, the page cache warm: open time and memory;
-//! 4. opens the same file with plain redb, and reads the same keys in the partition that
-//!    holds each, as if finding the partition were free: the anchor for open and replays.
+//! 4. opens the same file with plain redb under the same page cache, and reads the same keys
+//!    in the partition that holds each, as if finding the partition were free: the anchor for
+//!    open and replays;
+//! 5. drops the page cache again and opens idemdb without `verify_on_open`; then opens it,
+//!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers.
 //!
 //! Each measurement runs in a process of its own (this binary, `IDEMDB_SCALE_PROBE` set), so
 //! nothing the load left in memory is counted. Not criterion: every figure is one process's
@@ -19,7 +22,8 @@
 //! 45 minutes and 30 GB of disk for the default sizes). The files live in
 //! `IDEMDB_SCALE_DIR` (default: the system's temp dir), outside the repository, and are
 //! removed after each size unless `IDEMDB_SCALE_KEEP=1`. `IDEMDB_SCALE_CACHE_MB` sets redb's
-//! cache for every open (default: the builder's). The table is printed and written to
+//! cache for every open (default: the builder's), `IDEMDB_SCALE_QUICK_REPAIR=1` turns on
+//! `Builder::quick_repair` for every open. The table is printed and written to
 //! `target/bench-results/scale.md`. Under `cargo test --benches` one tiny size runs, and nothing
 //! is written.
 
@@ -76,18 +80,13 @@ fn main() {
             verify: true,
         };
         let first = probe::run(idemdb, &path, records);
-        let warm = probe::Job::Idemdb {
+        let open_only = |verify| probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: 0,
-            verify: true,
+            verify,
         };
-        let warm = probe::run(warm, &path, records);
-        let unverified = probe::Job::Idemdb {
-            replay: std::time::Duration::ZERO,
-            fresh: 0,
-            verify: false,
-        };
-        let unverified = probe::run(unverified, &path, records);
+        let warm = probe::run(open_only(true), &path, records);
+        let unverified = probe::run(open_only(false), &path, records);
         let redb = probe::run(
             probe::Job::Redb {
                 replay: plan.replay_time,
@@ -95,8 +94,13 @@ fn main() {
             &path,
             records,
         );
+        let cold_again = plan.drop_page_cache && probe::drop_page_cache();
+        let cold_unverified = probe::run(open_only(false), &path, records);
+        probe::run(probe::Job::Killed { writes: 1_000 }, &path, records);
+        let after_kill = probe::run(open_only(true), &path, records);
         println!(
-            "  first open {first}\n  warm open {warm}\n  warm open unverified {unverified}\n  plain redb {redb}"
+            "  first open {first}\n  warm open {warm}\n  warm open unverified {unverified}\n  \
+             plain redb {redb}\n  cold open unverified {cold_unverified}\n  open after kill -9 {after_kill}"
         );
         report.rows.push(Row {
             records,
@@ -105,6 +109,8 @@ fn main() {
             first,
             warm,
             unverified,
+            cold_unverified: cold_again.then_some(cold_unverified),
+            after_kill,
             redb,
         });
         if !keep {

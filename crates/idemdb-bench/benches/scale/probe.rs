@@ -32,6 +32,9 @@ pub enum Job {
     /// Plain redb: open the same file, then point reads of random stored keys in the
     /// partition that holds each (as if the key's partition were known for free).
     Redb { replay: Duration },
+    /// Open idemdb, complete `writes` lifecycles of new keys, and abort the process (as
+    /// `kill -9` would): the next open recovers.
+    Killed { writes: u64 },
 }
 
 /// Runs `job` in a new process of this binary and returns what it printed.
@@ -48,6 +51,7 @@ pub fn run(job: Job, path: &Path, records: u64) -> Value {
             "verify": verify,
         }),
         Job::Redb { replay } => json!({"kind": "redb", "replay_ms": replay.as_millis() as u64}),
+        Job::Killed { writes } => json!({"kind": "killed", "writes": writes}),
     };
     let spec = json!({"job": spec, "path": path, "records": records});
     let out = Command::new(std::env::current_exe().expect("this binary"))
@@ -55,16 +59,26 @@ pub fn run(job: Job, path: &Path, records: u64) -> Value {
         .output()
         .expect("start a probe");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "probe failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Job::Killed { .. } = job {
+        // It aborts after printing its result.
+        assert!(!out.status.success(), "the killed probe exited: {stdout}");
+    } else {
+        assert!(
+            out.status.success(),
+            "probe failed: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
-        .expect("the probe's result line");
+        .unwrap_or_else(|| {
+            panic!(
+                "no result line from the probe: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     serde_json::from_str(line).expect("the probe's result")
 }
 
@@ -87,6 +101,12 @@ pub fn run_if_probe() -> bool {
             job["verify"].as_bool().unwrap_or(true),
         ),
         Some("redb") => plain_redb(&path, records, replay),
+        Some("killed") => {
+            let result = killed(&path, job["writes"].as_u64().unwrap_or(0));
+            println!("RESULT {result}");
+            // Nothing closes: no checkpoint, no clean-close mark, redb's file left as is.
+            std::process::abort();
+        }
         other => panic!("unknown probe {other:?}"),
     };
     println!("RESULT {result}");
@@ -165,6 +185,7 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         "indexed_keys": stats.indexed_keys,
         "key_index_bytes": stats.memory.key_index,
         "key_filter_bytes": stats.memory.key_filters,
+        "page_cache_limit": stats.memory.page_cache,
         "stored_records": stats.stored_records,
         "partitions": stats.partitions,
         "partitions_read_at_open": stats.partitions_read_at_open,
@@ -172,6 +193,26 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         "fresh_reserves": reserves,
         "rss_after_reads": rss_bytes(),
     })
+}
+
+/// Opens the store, completes `writes` lifecycles of keys never stored, and returns what the
+/// open found; the caller aborts the process then.
+fn killed(path: &Path, writes: u64) -> Value {
+    let clock = ManualClock::new(day_end());
+    let db = load::open_verified(path, &clock, false);
+    let scope = scope();
+    // Ids above the first probe's fresh keys (reserved from 2^40 and left in progress).
+    for id in (1u64 << 41)..(1 << 41) + writes {
+        let key = Key::new(key_bytes(id));
+        match db
+            .reserve(&scope, &key, &REQUEST[..], LEASE)
+            .expect("reserve")
+        {
+            ReserveOutcome::Acquired(r) => db.complete(&r, &RESPONSE[..]).expect("complete"),
+            other => panic!("a new key answered {other:?}"),
+        }
+    }
+    json!({ "writes": writes })
 }
 
 /// The table of the partition that holds record `id`: the wide partition of its window once
@@ -217,7 +258,12 @@ fn stored_key(id: u64) -> Vec<u8> {
 
 fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
     let started = Instant::now();
-    let db = redb::Builder::new().open(path).expect("open with redb");
+    // The page cache idemdb's probes open with (the builder's default: 64 MiB).
+    let cache = load::cache_size().unwrap_or(64 << 20);
+    let db = redb::Builder::new()
+        .set_cache_size(cache)
+        .open(path)
+        .expect("open with redb");
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     let rss_open = rss_bytes();
     let txn = db.begin_read().expect("read");
