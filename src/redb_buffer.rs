@@ -1,13 +1,13 @@
-//! Writing out what redb keeps in its write buffer after a durable commit, once nothing is
-//! being written.
+//! Writing out what redb keeps in its write buffer after the open's commit.
 //!
 //! Why: a durable commit that freed pages is followed, inside redb, by a non-durable commit of
 //! its own, whose pages stay in redb's write buffer until the next durable commit. While such
 //! pages may be buffered and the page cache is full, every read that misses the cache first
 //! tries the lock of each of the buffer's 131 stripes (redb 4.6, `PagedCachedFile::read`):
 //! measured on a 10M-record file with the default 64 MiB cache, 6.2 µs per random point read
-//! against 11.6 µs with the flag left set. After the open's commit, or a checkpoint followed by
-//! no writes, that would last until the next write, which a read-mostly service may not make.
+//! against 11.6 µs with the flag left set. After the open's commit that would last until the
+//! first write's checkpoint, which a read-mostly service may not make for long. (While writes
+//! go on, every batch's non-durable commit buffers pages anyway, until its checkpoint.)
 
 use redb::Database;
 
@@ -15,10 +15,8 @@ use crate::error::Error;
 
 /// Two empty durable commits: the first writes out the buffered pages (and frees those its
 /// predecessor released, in a non-durable commit of redb's own), the second writes out that
-/// commit's pages and frees nothing. Worth it only once writes have stopped: while they go
-/// on, every batch's non-durable commit buffers pages again. (Making redb's state durable
-/// early is harmless at any time: recovery replays the log's frames above the checkpoint
-/// over whatever redb holds, as after a checkpoint's first phase, §5.6.)
+/// commit's pages and frees nothing. Called at open, after the log's commit, when nothing
+/// but a checkpoint's state is in redb.
 pub(crate) fn write_out(db: &Database, quick_repair: bool) -> Result<(), Error> {
     for _ in 0..2 {
         let mut txn = db.begin_write()?;

@@ -75,13 +75,6 @@ pub fn queued_ops(db: &crate::db::IdemDb) -> usize {
     db.writer.queued()
 }
 
-/// Whether a durable commit came since redb's write buffer was last written out
-/// (docs/design.md §5.8): until the applier thread writes it out, a read that misses redb's
-/// page cache may write buffered pages to the file.
-pub fn redb_buffer_pending(db: &crate::db::IdemDb) -> bool {
-    db.writer.redb_buffer_pending()
-}
-
 /// Whether a batch is being led (by a caller or the committer thread): an op queued now is
 /// taken by that leader rather than led by its own caller.
 pub fn batch_being_led(db: &crate::db::IdemDb) -> bool {

@@ -26,8 +26,7 @@ impl Writer {
     }
 
     /// Every `interval`: a checkpoint when one is due (by age, or asked for by size), else a
-    /// pass that writes the overlay into redb; and once a pass finds that nothing followed the
-    /// last checkpoint, redb's buffer written out (checkpoint.rs).
+    /// pass that writes the overlay into redb.
     fn run_applier(self: Arc<Self>, interval: Duration) {
         lower_own_priority();
         let every = self.config.checkpoint_interval;
@@ -55,7 +54,6 @@ impl Writer {
                 next_checkpoint = Instant::now() + every;
             } else {
                 let _ = self.settle();
-                let _ = self.write_out_redb_buffer();
             }
             state = self.applier.lock();
         }

@@ -7,7 +7,6 @@
 //! commit records the checkpoint too). The compactor's commits record it as well.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use redb::WriteTransaction;
@@ -28,8 +27,7 @@ impl Writer {
     /// Takes a checkpoint if frames follow the last one, in two phases so that the batches
     /// wait only for a small one (I21). A failed commit poisons the writer, as a batch's
     /// would: what it covered is durable in the log either way.
-    /// Says whether one was taken.
-    pub(crate) fn checkpoint(&self) -> Result<bool, Error> {
+    pub(crate) fn checkpoint(&self) -> Result<(), Error> {
         let engine = &*self.engine;
         let started = Instant::now();
         let done = catch_unwind(AssertUnwindSafe(|| self.checkpoint_in_two_phases()))
@@ -42,7 +40,7 @@ impl Writer {
                 return Err(e);
             }
         }
-        done
+        Ok(())
     }
 
     /// Phase 1, beside the batches: a durable commit of the overlay that records the newest
@@ -90,41 +88,6 @@ impl Writer {
         Ok(true)
     }
 
-    /// After a durable commit, once no frame followed the last checkpoint (writes stopped):
-    /// writes out what redb buffered of its own after that commit (redb_buffer.rs), so that
-    /// reads stop paying for it. Says whether it did: not when no durable commit came since
-    /// the last time, nor while frames follow the checkpoint (the next checkpoint comes, and
-    /// the pass after it finds the writes stopped or not). A failure poisons the engine, as
-    /// a checkpoint's would.
-    pub(crate) fn write_out_redb_buffer(&self) -> Result<bool, Error> {
-        if !self.durable_since_write_out.load(Ordering::Acquire) {
-            return Ok(false); // Without the leader's lock: the applier asks every pass.
-        }
-        // A batch holding the lock is a write: then nothing is to be done yet.
-        let Some(leader) = self.leader.try_lock() else {
-            return Ok(false);
-        };
-        if !self.durable_since_write_out.load(Ordering::Acquire)
-            || leader.log.bytes_since_checkpoint() > 0
-            || self.engine.is_poisoned()
-        {
-            return Ok(false);
-        }
-        // Cleared before the commits: a durable commit beginning after this sets it again.
-        self.durable_since_write_out.store(false, Ordering::Release);
-        // Lock order: leader, apply, redb's writer.
-        let _applying = self.apply_lock.lock();
-        let done = catch_unwind(AssertUnwindSafe(|| {
-            crate::redb_buffer::write_out(&self.engine.db, self.config.quick_repair)
-        }))
-        .unwrap_or_else(|_| Err(Error::Poisoned("a commit of nothing panicked".into())));
-        if let Err(e) = done {
-            self.engine.poison();
-            return Err(e);
-        }
-        Ok(true)
-    }
-
     /// At close, after the last batch: a checkpoint that also records the log as no longer in
     /// use, so that the next open needs nothing from it. Not after a failure: then the log
     /// may hold what redb lacks, and stays in use.
@@ -164,7 +127,6 @@ impl Writer {
 
     /// A write transaction that commits durably (quick-repair as configured).
     pub(super) fn begin_durable(&self) -> Result<WriteTransaction, Error> {
-        self.durable_since_write_out.store(true, Ordering::Release);
         let mut txn = self.engine.db.begin_write()?;
         txn.set_quick_repair(self.config.quick_repair);
         Ok(txn)

@@ -60,11 +60,6 @@ impl Writer {
     }
 
     #[cfg(feature = "test-hooks")]
-    pub(crate) fn redb_buffer_pending(&self) -> bool {
-        self.durable_since_write_out.load(Ordering::Acquire)
-    }
-
-    #[cfg(feature = "test-hooks")]
     pub(crate) fn leading(&self) -> bool {
         self.queue.lock().leader_active
     }

@@ -46,8 +46,6 @@ pub(crate) struct Writer {
     /// Mirrors `Queue::committer_requested` so the committer thread can spin on it without
     /// the queue's lock.
     pub(super) committer_wanted: AtomicBool,
-    /// A durable commit began since redb's buffer was last written out (redb_buffer.rs).
-    pub(super) durable_since_write_out: AtomicBool,
 }
 
 /// The applier thread's handle and its stop flag (applier.rs).
@@ -94,7 +92,6 @@ impl Writer {
             apply_wake: Condvar::new(),
             this: this.clone(),
             committer_wanted: AtomicBool::new(false),
-            durable_since_write_out: AtomicBool::new(false),
         });
         if !lazy {
             writer.ensure_committer(&mut writer.queue.lock())?;
