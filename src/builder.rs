@@ -9,6 +9,7 @@ use redb::backends::FileBackend;
 use redb::{Key, StorageBackend, TableDefinition, Value};
 
 use crate::config::{Limits, WriterConfig};
+use crate::contain::contained;
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::measured::Measured;
@@ -55,7 +56,7 @@ impl Default for Builder {
             writer: WriterConfig::default(),
             cache_size: crate::config::PAGE_CACHE_BYTES,
             memory_budget: None,
-            verify_on_open: true,
+            verify_on_open: false,
             retention: Retention::default(),
             tables: TableRegistry::default(),
             accept_log_loss: false,
@@ -204,10 +205,15 @@ impl Builder {
         self
     }
 
-    /// Verify every page's checksum when opening (default: on). A file damaged since it was
-    /// last written then fails to open with [`Error::Corrupted`] instead of being trusted;
-    /// without the check, redb may panic on such a file. The check reads the whole file (see
-    /// docs/design.md for its cost); turn it off only for files you trust.
+    /// Verify every page's checksum when opening (default: off). A file damaged since it was
+    /// last written then fails to open with [`Error::Corrupted`] instead of being opened. The
+    /// check reads the whole file: its time grows with the records held (at 50 million
+    /// records, 32 s with the file in the page cache; docs/benchmarks.md §6), so it is off by
+    /// default. Without it, damage is found when it is read: every record carries a checksum
+    /// of its key and bytes, verified on every read, and a panic of redb's on a damaged page
+    /// is contained; either way the one caller that read it gets [`Error::Corrupted`]
+    /// (docs/design.md §3, §10). [`IdemDb::verify`](crate::IdemDb::verify) reads every
+    /// record, beside the service.
     pub fn verify_on_open(mut self, on: bool) -> Self {
         self.verify_on_open = on;
         self
@@ -324,8 +330,10 @@ impl Builder {
             Err(e) => return Err(log_io(Some(&log_path), "open", e)),
         };
         let created = db_len == 0;
-        let db = self.redb_builder().create(&path).map_err(open_error)?;
-        let opened = self.finish(db, FileSize::Path(path.clone()), log)?;
+        let opened = contained("the database file", || {
+            let db = self.redb_builder().create(&path).map_err(open_error)?;
+            self.finish(db, FileSize::Path(path.clone()), log)
+        })?;
         if created {
             // The new file's name must survive a power loss with what it acknowledges.
             crate::wal::sync_dir(&path)
@@ -350,15 +358,17 @@ impl Builder {
             None,
         )?;
         let len = Arc::new(AtomicU64::new(0));
-        let db = self
-            .redb_builder()
-            .create_with_backend(Measured::new(db, Arc::clone(&len)))
-            .map_err(open_error)?;
-        let log = LogFile::Open {
-            file: Box::new(log),
-            path: None,
-        };
-        self.finish(db, FileSize::Backend(len), log)
+        contained("the database file", || {
+            let db = self
+                .redb_builder()
+                .create_with_backend(Measured::new(db, Arc::clone(&len)))
+                .map_err(open_error)?;
+            let log = LogFile::Open {
+                file: Box::new(log),
+                path: None,
+            };
+            self.finish(db, FileSize::Backend(len), log)
+        })
     }
 
     fn validate(&self) -> Result<(), Error> {

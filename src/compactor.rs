@@ -256,7 +256,7 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
         let txn = engine.db.begin_read()?;
         for entry in txn.open_table(INFLIGHT)?.iter()? {
             let (k, v) = entry?;
-            if crate::record::decode(v.value())?.is_expired(now) {
+            if crate::record::decode(k.value(), v.value())?.is_expired(now) {
                 expired.push(k.value().to_vec());
             }
         }
@@ -273,11 +273,11 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
             for key in &expired {
                 // Looked at again: a takeover may have renewed it since the read.
                 let stale = match table.get(key.as_slice())? {
-                    Some(v) => crate::record::decode(v.value())?.is_expired(now),
+                    Some(v) => crate::record::decode(key, v.value())?.is_expired(now),
                     None => false,
                 };
                 if stale && let Some(rec) = table.remove(key.as_slice())? {
-                    removed.push((key.clone(), crate::record::decode(rec.value())?));
+                    removed.push((key.clone(), crate::record::decode(key, rec.value())?));
                 }
             }
             // Each swept key is recognised until its own horizon (lease end + factor × TTL):

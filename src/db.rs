@@ -135,11 +135,14 @@ impl IdemDb {
             tables: &tables,
             accept_loss: accept_log_loss,
             now_ms: clock.now_ms(),
-            format_version: meta::FORMAT_VERSION,
+            format_version: meta.log_version(),
             token_block: config.token_block,
             log_step: config.log_step,
         };
         let (log, recovered) = crate::recovery::open_log(&db, log, &opening)?;
+        if meta.version < meta::FORMAT_VERSION {
+            meta::checksum_records(&db)?;
+        }
         // The open's commit is a checkpoint with nothing written after it.
         crate::redb_buffer::write_out(&db, config.quick_repair)?;
         let log_gauges = log.gauges();

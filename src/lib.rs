@@ -33,6 +33,7 @@
 // fails on an import from a higher one).
 // Foundation: errors, settings, counters, the engine's table names, wake-ups.
 mod config;
+mod contain;
 mod durability;
 mod engine_tables;
 mod error;

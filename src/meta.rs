@@ -22,11 +22,20 @@ const MAGIC: &[u8] = b"idemdb\0\x01";
 /// expiry. Version 3 had no write-ahead log: a binary that knows no log must not open a file
 /// whose log may hold acknowledged outcomes. Version 4 did not record its log (the meta entry
 /// `log`) and let a token ceiling live in the log alone: a binary that does neither must not
-/// open a file that relies on both. All are upgraded on open; the last step, 4 → 5, with the
-/// log's record when the log is opened (wal/recover.rs).
-pub(crate) const FORMAT_VERSION: u32 = 5;
-/// The version the upgrades below reach; opening the log takes it to [`FORMAT_VERSION`].
+/// open a file that relies on both. Version 5 stored records without a checksum (record
+/// version 2): a binary that would take a record without one as valid must not open a file
+/// where only checksummed records are. All are upgraded on open: up to 4 in [`load_or_init`],
+/// 4 → 5 with the log's record when the log is opened (recovery.rs), 5 → 6 by
+/// [`checksum_records`] once the log's frames are in the file.
+pub(crate) const FORMAT_VERSION: u32 = 6;
+/// The version the upgrades of [`load_or_init`] reach; opening the log takes it to
+/// [`LOG_RECORDED`].
 const BEFORE_LOG_RECORD: u32 = 4;
+/// The version whose log is recorded, with records of any version (older builds' frames
+/// replayed into it may hold version-2 records).
+const LOG_RECORDED: u32 = 5;
+/// Records rewritten per read of a table by [`checksum_records`]: bounds its memory.
+const REWRITE_CHUNK: usize = 4096;
 
 /// What open() reads from, or writes to, a database's meta table.
 pub(crate) struct Meta {
@@ -36,6 +45,16 @@ pub(crate) struct Meta {
     /// The database's identity, derived from the secret (random per database, kept with the
     /// file): every [`Reservation`](crate::Reservation) carries the one that issued it.
     pub(crate) database_id: u64,
+    /// The file's format version after the upgrades [`load_or_init`] made.
+    pub(crate) version: u32,
+}
+
+impl Meta {
+    /// The format version the open's log commit writes: [`LOG_RECORDED`] until
+    /// [`checksum_records`] has run, then [`FORMAT_VERSION`].
+    pub(crate) fn log_version(&self) -> u32 {
+        self.version.max(LOG_RECORDED)
+    }
 }
 
 /// Reads the meta table, creating it in an empty database. A database with other tables and
@@ -50,7 +69,10 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
         } else if version == 3 {
             upgrade_from_3(db)?;
         }
-        return Ok(meta);
+        return Ok(Meta {
+            version: version.max(BEFORE_LOG_RECORD),
+            ..meta
+        });
     }
     let txn = db.begin_write()?;
     let foreign = txn
@@ -80,7 +102,72 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
         index_seed: index_seed(&secret),
         database_id: database_id(&secret),
         fingerprinter: Fingerprinter::new(secret),
+        version: FORMAT_VERSION,
     })
+}
+
+/// Version 5 → 6: every stored record of an older version (in the in-flight table and the
+/// partitions) is rewritten as the current one, checksummed under its key; then the version
+/// is set. Called after the log's frames are replayed into the file (they may hold older
+/// records too). One durable commit per table: a crash leaves version 5 with some tables
+/// rewritten, and the next open rewrites what is left (a record already current is kept).
+/// Keys do not change, so the summaries and filters of the partitions still hold.
+pub(crate) fn checksum_records(db: &Database) -> Result<(), Error> {
+    let tables = {
+        let txn = db.begin_read()?;
+        let mut tables = crate::records::partition::partition_tables(&txn)?;
+        tables.push(INFLIGHT.name().to_string());
+        tables
+    };
+    for name in &tables {
+        let txn = db.begin_write()?;
+        rewrite_records(&txn, redb::TableDefinition::new(name))?;
+        txn.commit()?;
+    }
+    let txn = db.begin_write()?;
+    crate::engine_tables::write_format_version(&mut txn.open_table(META)?, FORMAT_VERSION)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Rewrites the records of `table` that are not of the current version, [`REWRITE_CHUNK`] at a
+/// time. A record that does not decode refuses the upgrade (`Corrupted`), as it would a read.
+fn rewrite_records(
+    txn: &redb::WriteTransaction,
+    table: redb::TableDefinition<&[u8], &[u8]>,
+) -> Result<(), Error> {
+    use std::ops::Bound;
+    let mut table = txn.open_table(table)?;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let mut rewrites = Vec::new();
+        let mut last = None;
+        {
+            let from = match &after {
+                Some(key) => Bound::Excluded(key.as_slice()),
+                None => Bound::Unbounded,
+            };
+            for entry in table
+                .range::<&[u8]>((from, Bound::Unbounded))?
+                .take(REWRITE_CHUNK)
+            {
+                let (k, v) = entry?;
+                let (key, value) = (k.value(), v.value());
+                if value.first() != Some(&idemdb_core::record::RECORD_VERSION) {
+                    let record = crate::record::decode_any_version(key, value)?;
+                    rewrites.push((key.to_vec(), record.encode(key)));
+                }
+                last = Some(key.to_vec());
+            }
+        }
+        let Some(last) = last else {
+            return Ok(());
+        };
+        for (key, value) in &rewrites {
+            table.insert(key.as_slice(), value.as_slice())?;
+        }
+        after = Some(last);
+    }
 }
 
 fn index_seed(secret: &[u8; SECRET_LEN]) -> u64 {
@@ -97,7 +184,9 @@ fn upgrade_from_1(db: &Database) -> Result<(), Error> {
         let mut moving = Vec::new();
         for entry in records.iter()? {
             let (k, v) = entry?;
-            if crate::record::decode(v.value())?.state == RecordState::InProgress {
+            if crate::record::decode_any_version(k.value(), v.value())?.state
+                == RecordState::InProgress
+            {
                 moving.push((k.value().to_vec(), v.value().to_vec()));
             }
         }
@@ -128,7 +217,7 @@ fn upgrade_from_2(db: &Database, rules: &Rules, seed: u64) -> Result<(), Error> 
             let (k, v) = entry?;
             rewrite.push((
                 RecordKey::from_stored(k.value()),
-                crate::record::decode(v.value())?,
+                crate::record::decode_any_version(k.value(), v.value())?,
             ));
         }
         for (key, mut rec) in rewrite {
@@ -212,6 +301,7 @@ fn load(db: &Database) -> Result<Option<(Meta, u32)>, Error> {
             index_seed: index_seed(&secret),
             database_id: database_id(&secret),
             fingerprinter: Fingerprinter::new(secret),
+            version,
         },
         version,
     )))

@@ -23,7 +23,7 @@ use crate::log_problem::LogProblem;
 use crate::records::partition::PartitionName;
 use crate::stats::LogLoss;
 use crate::tables::TableRegistry;
-use crate::wal::frame::{Cycle, Effect, Frame, HEADER_LEN, Header, decode_header};
+use crate::wal::frame::{Cycle, Effect, EffectRef, Frame, HEADER_LEN, Header, decode_header};
 use crate::wal::log::{Log, LogFile, create, log_io, sync_dir};
 use crate::wal::scan::{Recorded, Seen, examine};
 use crate::wal::state::{LogState, read_losses, read_state, record_loss};
@@ -121,10 +121,19 @@ fn read_log(
     Ok(match file {
         LogFile::Open { file, .. } => {
             let bytes = read_all(&*file).map_err(|e| log_io(path, "read", e))?;
-            let seen = Seen::read(Some(&bytes), database_id, recorded.log.state.map(|s| s.id));
+            let seen = Seen::read_above(
+                Some(&bytes),
+                database_id,
+                recorded.log.state.map(|s| s.id),
+                recorded.log.checkpoint,
+                &token_bound_of,
+            );
             (Some(file), seen)
         }
-        LogFile::Absent { .. } => (None, Seen::read(None, database_id, None)),
+        LogFile::Absent { .. } => (
+            None,
+            Seen::read_above(None, database_id, None, 0, &token_bound_of),
+        ),
     })
 }
 
@@ -351,20 +360,19 @@ fn u64_entry(meta: &ReadMeta, key: &str) -> Result<Option<u64>, Error> {
 /// Above every token the log's intact frames show: in records they store, or ceilings they
 /// set (format 4).
 fn token_bound(seen: &Seen) -> u64 {
-    let mut bound = 0;
-    for effect in seen.all_frames().flat_map(|f| &f.effects) {
-        let above = match effect {
-            Effect::Put { table, value, .. } if is_record_table(table) => {
-                crate::record::decode(value)
-                    .map(|r| r.token.get().saturating_add(1))
-                    .unwrap_or(0)
-            }
-            Effect::Ceiling(c) => *c,
-            _ => 0,
-        };
-        bound = bound.max(above);
+    seen.all_frames().map(|f| f.token_bound).max().unwrap_or(0)
+}
+
+/// Above the token `effect` shows, if it stores a record (of any version: an older build's
+/// frames hold older ones) or sets a ceiling.
+fn token_bound_of(effect: &EffectRef<'_>) -> u64 {
+    match effect {
+        EffectRef::Put { table, value, .. } if is_record_table(table) => {
+            idemdb_core::record::token_in(value).map_or(0, |t| t.saturating_add(1))
+        }
+        EffectRef::Ceiling(c) => *c,
+        _ => 0,
     }
-    bound
 }
 
 fn is_record_table(name: &str) -> bool {

@@ -241,7 +241,8 @@ where
                     key.len()
                 ))
             })?;
-            let record = crate::record::decode(v.value()).map_err(|e| in_table(name, e))?;
+            let record =
+                crate::record::decode(k.value(), v.value()).map_err(|e| in_table(name, e))?;
             if self.filter.state.is_some_and(|s| s != record.state) {
                 continue;
             }

@@ -7,7 +7,10 @@
 //! idemdb file, so the fuzzer gets past the file header into redb's and idemdb's own checks;
 //! 13–15, patches over a valid write-ahead log whose frames open() must replay (the database
 //! file as a crash left it), so recovery's frame parsing and checks run. The seed corpus
-//! (`fuzz/corpus/decode`, written by `fuzz/seeds.rs`) holds a valid sample of each.
+//! (`fuzz/corpus/decode`, written by `fuzz/seeds.rs`) holds a valid sample of each. Files are
+//! opened with `verify_on_open(true)`: without it, damage in redb's own trees can make redb
+//! panic inside a commit and again in a destructor while unwinding, which aborts the process
+//! (docs/design.md §10).
 
 #![no_main]
 
@@ -67,7 +70,10 @@ fn patched(image: &[u8], patches: &[u8]) -> Vec<u8> {
 
 fn exercise(image: Vec<u8>, log: Vec<u8>) {
     let backend = FaultBackend::from_images(image, log);
-    if let Ok(db) = IdemDb::builder().open_with_backend(backend.clone(), backend.log()) {
+    if let Ok(db) = IdemDb::builder()
+        .verify_on_open(true)
+        .open_with_backend(backend.clone(), backend.log())
+    {
         let scope = Scope::new("op", "p");
         for i in 0..4 {
             let _ = db.get(&scope, &Key::new(format!("k{i}")));

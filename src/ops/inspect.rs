@@ -59,8 +59,10 @@ impl IdemDb {
         // Counted in redb: the overlay's records are written into it first. A failure here
         // poisoned the engine, and the counts are of what redb holds.
         let _ = self.writer.settle();
-        if let Ok(txn) = self.engine.db.begin_read() {
+        // Counts that cannot be read (a damaged page) stay 0.
+        let _ = crate::contain::contained("the tables' lengths", || {
             use redb::ReadableTableMetadata;
+            let txn = self.engine.db.begin_read()?;
             let len = |t: Result<redb::ReadOnlyTable<&[u8], &[u8]>, redb::TableError>| {
                 t.ok().and_then(|t| t.len().ok()).unwrap_or(0)
             };
@@ -71,7 +73,8 @@ impl IdemDb {
                     .iter()
                     .map(|p| len(txn.open_table(p.table())))
                     .sum::<u64>();
-        }
+            Ok(())
+        });
         stats.bytes_on_disk = self.file.bytes();
         stats
     }
@@ -114,7 +117,15 @@ impl IdemDb {
     /// ```
     pub fn compact_now(&self) -> Result<CompactionReport, Error> {
         refuse_reentry()?;
-        compact(&self.writer, self.engine.clock.now_ms())
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compact(&self.writer, self.engine.clock.now_ms())
+        }));
+        pass.unwrap_or_else(|panic| {
+            // As the compactor thread does: what the pass left is unknown.
+            let e = crate::contain::corrupted("a compaction pass", &*panic);
+            self.engine.poison_with(e.to_string());
+            Err(e)
+        })
     }
 
     /// The loss of the write-ahead log this open accepted

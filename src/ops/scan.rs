@@ -3,6 +3,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::contain::{CallerPanic, contained};
 use crate::db::IdemDb;
 use crate::error::Error;
 use crate::scan::verify::VerifyReport;
@@ -63,7 +64,17 @@ impl IdemDb {
     ) -> Result<ScanSummary, Error> {
         let txn = self.begin_read()?;
         let now = self.engine.clock.now_ms();
-        crate::scan::scan(&txn, now, filter, &mut progress, &mut visit)
+        let caller = CallerPanic::default();
+        let scanned = contained("the records scanned", || {
+            crate::scan::scan(
+                &txn,
+                now,
+                filter,
+                &mut |n| caller.call(|| progress(n), ()),
+                &mut |r| caller.call(|| visit(r), ControlFlow::Break(())),
+            )
+        });
+        caller.resume(scanned)
     }
 
     /// Checks every stored entry of idemdb's tables, in one read transaction, and reports the
@@ -104,12 +115,16 @@ impl IdemDb {
     ) -> Result<VerifyReport, Error> {
         let txn = self.begin_read()?;
         let now = self.engine.clock.now_ms();
-        crate::scan::verify::verify(
-            &txn,
-            &self.engine.layout.index,
-            now,
-            max_problems,
-            &mut progress,
-        )
+        let caller = CallerPanic::default();
+        let verified = contained("the file being verified", || {
+            crate::scan::verify::verify(
+                &txn,
+                &self.engine.layout.index,
+                now,
+                max_problems,
+                &mut |n| caller.call(|| progress(n), ()),
+            )
+        });
+        caller.resume(verified)
     }
 }

@@ -440,7 +440,9 @@ pub(crate) fn newest<'s>(slots: &'s [Slot], table: &str) -> Option<Option<&'s [u
 impl<R: PartitionReader> PartitionReader for Layered<'_, R> {
     fn get(&mut self, part: &Partition, key: &RecordKey) -> Result<Option<Record>, Error> {
         match newest(self.slots, &part.table) {
-            Some(v) => v.map(crate::record::decode).transpose(),
+            Some(v) => v
+                .map(|v| crate::record::decode(key.as_bytes(), v))
+                .transpose(),
             None => self.base.get(part, key),
         }
     }
@@ -490,7 +492,7 @@ pub(crate) fn get_in(
     key: &RecordKey,
 ) -> Result<Option<Record>, Error> {
     match table.get(key.as_bytes())? {
-        Some(v) => Ok(Some(crate::record::decode(v.value())?)),
+        Some(v) => Ok(Some(crate::record::decode(key.as_bytes(), v.value())?)),
         None => Ok(None),
     }
 }

@@ -70,7 +70,9 @@ impl Tables {
             &*current
         };
         let inflight = || match newest(slots, INFLIGHT.name()) {
-            Some(v) => v.map(crate::record::decode).transpose(),
+            Some(v) => v
+                .map(|v| crate::record::decode(at.key.as_bytes(), v))
+                .transpose(),
             None => inflight_in(&self.inflight, at.key),
         };
         let parts = Partitioned {
@@ -179,7 +181,11 @@ impl Snapshots {
             }
             return;
         }
-        let fresh = Tables::open(&self.db, &self.layout).ok().map(Arc::new);
+        // A failure (or a panic on a damaged page) leaves readers to open their own.
+        let fresh =
+            crate::contain::contained("a snapshot", || Tables::open(&self.db, &self.layout))
+                .ok()
+                .map(Arc::new);
         for shard in &self.shards {
             *shard.0.write() = fresh.clone();
         }
@@ -207,12 +213,13 @@ impl Snapshots {
     }
 
     fn with_tables<T>(&self, f: impl FnOnce(&Tables) -> Result<T, Error>) -> Result<T, Error> {
+        use crate::contain::contained;
         let shard = self.shards[shard_index()].0.read();
         match &*shard {
-            Some(t) => f(t),
+            Some(t) => contained("a record", || f(t)),
             None => {
                 drop(shard);
-                f(&Tables::open(&self.db, &self.layout)?)
+                contained("a record", || f(&Tables::open(&self.db, &self.layout)?))
             }
         }
     }

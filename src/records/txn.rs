@@ -254,7 +254,7 @@ impl<'t> Records<'t> {
         // One copy each of the key and the encoded record, shared by the overlay's entries
         // and the log's effects.
         let bytes: Arc<[u8]> = Arc::from(key.as_bytes());
-        let value: Arc<[u8]> = Arc::from(rec.encode());
+        let value: Arc<[u8]> = Arc::from(rec.encode(key.as_bytes()));
         if rec.state == RecordState::InProgress {
             self.put_inflight(&bytes, &value)?;
             self.effects.push(Effect::Put {
@@ -312,7 +312,7 @@ impl<'t> Records<'t> {
             let (k, v) = entry?;
             out.push((
                 RecordKey::from_stored(k.value()),
-                crate::record::decode(v.value())?,
+                crate::record::decode_any_version(k.value(), v.value())?,
             ));
         }
         Ok(out)

@@ -225,7 +225,7 @@ impl<P: FnMut(u64)> Check<'_, P> {
                 Some((_, _, [])) => self.problem(name, Some(key), "empty key".to_string()),
                 Some(_) => {}
             }
-            match crate::record::decode(v.value()) {
+            match crate::record::decode(key, v.value()) {
                 Ok(record) => self.record(name, key, &record, part),
                 Err(e) => self.problem(name, Some(key), format!("record does not decode: {e}")),
             }

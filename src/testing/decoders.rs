@@ -24,12 +24,30 @@ pub fn decode_any(data: &[u8]) {
     };
     match which % DECODERS {
         0 => {
-            if let Ok(record) = crate::record::decode(bytes) {
+            // A record: its key's length, its key, then its value.
+            let Some((&len, row)) = bytes.split_first() else {
+                return;
+            };
+            let (key, value) = row.split_at(usize::from(len).min(row.len()));
+            let current = crate::record::decode(key, value);
+            if let Ok(record) = crate::record::decode_any_version(key, value) {
                 // A record that decodes describes itself consistently, and its current
-                // encoding decodes to it again (a version-1 record is re-encoded as version 2).
+                // encoding decodes to it again (an older version is re-encoded as the
+                // current one); the current version's decoder takes exactly the current ones.
                 assert!(record.attempts > 0 && record.token.get() > 0);
-                let again = crate::record::decode(&record.encode()).expect("a re-encoded record");
+                let encoded = record.encode(key);
+                let again = crate::record::decode(key, &encoded).expect("a re-encoded record");
                 assert_eq!(again, record);
+                let is_current = value.first() == Some(&idemdb_core::record::RECORD_VERSION);
+                assert_eq!(current.is_ok(), is_current);
+                if is_current {
+                    assert_eq!(encoded, value, "a current record is canonical");
+                }
+            } else {
+                assert!(
+                    current.is_err(),
+                    "decode takes what decode_any_version refuses"
+                );
             }
         }
         1 => wal::frame_round_trips(bytes),
@@ -100,7 +118,11 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         seeds.push((name, input));
     };
     for (i, record) in sample_records().into_iter().enumerate() {
-        add(format!("record-{i}"), 0, record.encode());
+        let key = b"\x00\x02op\x00\x01p-key";
+        let mut row = vec![key.len() as u8];
+        row.extend_from_slice(key);
+        row.extend(record.encode(key));
+        add(format!("record-{i}"), 0, row);
     }
     for (i, frame) in wal::sample_frames().into_iter().enumerate() {
         add(format!("frame-{i}"), 1, frame);

@@ -15,9 +15,12 @@ pub const INFLIGHT: TableDefinition<'static, &[u8], &[u8]> = crate::engine_table
 pub const HORIZON: TableDefinition<'static, &[u8], &[u8]> = crate::records::horizon::HORIZON;
 
 /// The names of the partition tables `read` holds, oldest first.
-/// Decodes a record as stored in the engine's tables (docs/design.md §3).
-pub fn decode_record(bytes: &[u8]) -> Result<crate::record::Record, crate::error::Error> {
-    crate::record::decode(bytes)
+/// Decodes a record as stored under `key` in the engine's tables (docs/design.md §3).
+pub fn decode_record(
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<crate::record::Record, crate::error::Error> {
+    crate::record::decode(key, bytes)
 }
 
 /// The partition tables of a read transaction.

@@ -218,14 +218,81 @@ pub(crate) fn encode_frame(seq: u64, database_id: u64, effects: &[Effect]) -> Ve
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub(crate) seq: u64,
+    /// Its effects, if the reader kept them ([`FrameRef::keep`]; every frame an open may
+    /// replay keeps them).
     pub(crate) effects: Vec<Effect>,
     /// Bytes it occupies, padding included.
     pub(crate) len: u64,
+    /// Above every token its effects show, as the reader's `bound` measured them.
+    pub(crate) token_bound: u64,
 }
 
-/// The frame at the start of `bytes`, if one of `database_id` is there whole and intact.
-/// Torn, zeroed, foreign and damaged frames all read as `None`.
+/// One effect as a frame's bytes hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EffectRef<'a> {
+    Put {
+        table: &'a str,
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Remove {
+        table: &'a str,
+        key: &'a [u8],
+    },
+    Ceiling(u64),
+}
+
+impl EffectRef<'_> {
+    fn to_owned(self) -> Effect {
+        match self {
+            EffectRef::Put { table, key, value } => Effect::Put {
+                table: table.into(),
+                key: key.into(),
+                value: value.into(),
+            },
+            EffectRef::Remove { table, key } => Effect::Remove {
+                table: table.into(),
+                key: key.into(),
+            },
+            EffectRef::Ceiling(c) => Effect::Ceiling(c),
+        }
+    }
+}
+
+/// A valid frame, its effects borrowed from the log's bytes: an open reads every frame of
+/// the log, and keeps the effects of those it may replay only (a log of 128 MiB holds some
+/// 400,000 records, each two allocations once owned).
+pub(crate) struct FrameRef<'a> {
+    pub(crate) seq: u64,
+    pub(crate) effects: Vec<EffectRef<'a>>,
+    pub(crate) len: u64,
+}
+
+impl FrameRef<'_> {
+    /// The frame, its effects owned if `keep`, with `bound`'s maximum over its effects.
+    pub(crate) fn keep(self, keep: bool, bound: &dyn Fn(&EffectRef<'_>) -> u64) -> Frame {
+        Frame {
+            seq: self.seq,
+            len: self.len,
+            token_bound: self.effects.iter().map(bound).max().unwrap_or(0),
+            effects: if keep {
+                self.effects.into_iter().map(EffectRef::to_owned).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// The frame at the start of `bytes`, if one of `database_id` is there whole and intact,
+/// with all its effects. Torn, zeroed, foreign and damaged frames all read as `None`.
+#[cfg(any(test, feature = "test-hooks"))]
 pub(crate) fn decode_frame(bytes: &[u8], database_id: u64) -> Option<Frame> {
+    Some(read_frame(bytes, database_id)?.keep(true, &|_| 0))
+}
+
+/// [`decode_frame`], its effects borrowed.
+pub(crate) fn read_frame(bytes: &[u8], database_id: u64) -> Option<FrameRef<'_>> {
     let head = bytes.get(0..FRAME_HEADER_LEN)?;
     if u32_at(head, 0) != FRAME_MAGIC || u64_at(head, 16) != database_id {
         return None;
@@ -235,8 +302,8 @@ pub(crate) fn decode_frame(bytes: &[u8], database_id: u64) -> Option<Frame> {
     if checksum(&head[0..24], payload) != u64_at(head, 24) {
         return None;
     }
-    let effects = decode_effects(payload)?;
-    Some(Frame {
+    let effects = read_effects(payload)?;
+    Some(FrameRef {
         seq: u64_at(head, 8),
         effects,
         len: align_up((FRAME_HEADER_LEN + payload_len) as u64),
@@ -257,23 +324,23 @@ fn checksum(head: &[u8], payload: &[u8]) -> u64 {
 
 /// A checksummed payload that does not parse was written by a bug, or is a collision: it is
 /// read as not a frame, and recovery decides what that means by its position.
-fn decode_effects(payload: &[u8]) -> Option<Vec<Effect>> {
+fn read_effects(payload: &[u8]) -> Option<Vec<EffectRef<'_>>> {
     let mut r = Reader { bytes: payload };
     let n = r.u32()?;
     // Every effect takes at least 9 bytes: a count beyond that is not a frame.
     let mut effects = Vec::with_capacity((n as usize).min(payload.len() / 9));
     for _ in 0..n {
         effects.push(match r.u8()? {
-            PUT => Effect::Put {
-                table: r.name()?.into(),
-                key: r.bytes()?.into(),
-                value: r.bytes()?.into(),
+            PUT => EffectRef::Put {
+                table: r.name()?,
+                key: r.bytes()?,
+                value: r.bytes()?,
             },
-            REMOVE => Effect::Remove {
-                table: r.name()?.into(),
-                key: r.bytes()?.into(),
+            REMOVE => EffectRef::Remove {
+                table: r.name()?,
+                key: r.bytes()?,
             },
-            CEILING => Effect::Ceiling(r.u64()?),
+            CEILING => EffectRef::Ceiling(r.u64()?),
             _ => return None,
         });
     }
@@ -313,13 +380,13 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Option<u64> {
         self.take(8).map(|b| u64_at(b, 0))
     }
-    fn bytes(&mut self) -> Option<Vec<u8>> {
+    fn bytes(&mut self) -> Option<&'a [u8]> {
         let n = self.u32()? as usize;
-        self.take(n).map(<[u8]>::to_vec)
+        self.take(n)
     }
-    fn name(&mut self) -> Option<String> {
+    fn name(&mut self) -> Option<&'a str> {
         let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
-        String::from_utf8(self.take(n)?.to_vec()).ok()
+        std::str::from_utf8(self.take(n)?).ok()
     }
 }
 

@@ -2,7 +2,8 @@
 //! relies on (`examine`): docs/design.md §5.6, the table of states after a crash.
 
 use super::frame::{
-    ALIGN, CYCLE_AT, Cycle, FRAMES_START, Frame, Header, decode_cycle, decode_frame, decode_header,
+    ALIGN, CYCLE_AT, Cycle, EffectRef, FRAMES_START, Frame, Header, decode_cycle, decode_header,
+    read_frame,
 };
 use super::state::LogState;
 use crate::log_problem::LogProblem;
@@ -25,9 +26,28 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
-    /// Reads `bytes`, the whole log (`None`: no file). `log_id` is the log the database
-    /// records, for a header too damaged to say which log it is.
+    /// Reads `bytes`, the whole log (`None`: no file), keeping every frame's effects. `log_id`
+    /// is the log the database records, for a header too damaged to say which log it is.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) fn read(bytes: Option<&[u8]>, database_id: u64, log_id: Option<u64>) -> Seen {
+        Seen::read_above(bytes, database_id, log_id, 0, &|_| 0)
+    }
+
+    /// [`Seen::read`], keeping the effects of the frames above `checkpoint` only (the only
+    /// ones an open may replay), and each frame's [`Frame::token_bound`] as `bound` says.
+    pub(crate) fn read_above(
+        bytes: Option<&[u8]>,
+        database_id: u64,
+        log_id: Option<u64>,
+        checkpoint: u64,
+        bound: &dyn Fn(&EffectRef<'_>) -> u64,
+    ) -> Seen {
+        let frame_at = |b: &[u8]| {
+            read_frame(b, database_id).map(|f| {
+                let keep = f.seq > checkpoint;
+                f.keep(keep, bound)
+            })
+        };
         let Some(bytes) = bytes else {
             return Seen {
                 present: false,
@@ -54,7 +74,7 @@ impl Seen {
         };
         let mut at = start as usize;
         let mut run: Vec<Frame> = Vec::new();
-        while let Some(frame) = bytes.get(at..).and_then(|b| decode_frame(b, database_id)) {
+        while let Some(frame) = bytes.get(at..).and_then(frame_at) {
             if run.last().is_some_and(|l| frame.seq != l.seq + 1) {
                 break;
             }
@@ -66,7 +86,7 @@ impl Seen {
         // that proves a damaged frame.
         let mut others = Vec::new();
         while at < bytes.len() {
-            match decode_frame(&bytes[at..], database_id) {
+            match frame_at(&bytes[at..]) {
                 Some(frame) => {
                     let len = frame.len as usize;
                     others.push((at as u64, frame));
@@ -308,6 +328,44 @@ mod tests {
 
     fn frame_at(n: usize) -> usize {
         FRAMES_START as usize + n * encode_frame(1, DB, &effect(1)).len()
+    }
+
+    /// An open keeps the effects of the frames it may replay (above the checkpoint, in the
+    /// run or past it) and, of every frame, the bound its effects show.
+    #[test]
+    fn only_frames_above_the_checkpoint_keep_their_effects_and_every_frame_its_bound() {
+        let mut bytes = log_of(3, &[1, 2, 3, 4, 5]);
+        // Past the run, after a torn frame: one older frame and one above the checkpoint.
+        let at = frame_at(6);
+        for (i, s) in [2u64, 9].into_iter().enumerate() {
+            let frame = encode_frame(s, DB, &effect(s));
+            let start = at + i * frame.len();
+            bytes[start..start + frame.len()].copy_from_slice(&frame);
+        }
+        let bound = |e: &EffectRef<'_>| match e {
+            EffectRef::Put { key, .. } => 100 + u64::from(key[0]),
+            _ => 0,
+        };
+        let seen = Seen::read_above(Some(&bytes), DB, Some(LOG), 3, &bound);
+        let all: Vec<(u64, usize, u64)> = seen
+            .all_frames()
+            .map(|f| (f.seq, f.effects.len(), f.token_bound))
+            .collect();
+        assert_eq!(
+            all,
+            [
+                (1, 0, 101),
+                (2, 0, 102),
+                (3, 0, 103),
+                (4, 1, 104),
+                (5, 1, 105),
+                (2, 0, 102),
+                (9, 1, 109)
+            ]
+        );
+        assert_eq!(seqs(&seen.run_above(3)), [4, 5]);
+        assert_eq!(seen.run_above(3)[0].effects, effect(4));
+        assert_eq!(seqs(&seen.every_frame_above(3)), [4, 5, 9]);
     }
 
     #[test]

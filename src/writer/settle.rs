@@ -66,13 +66,15 @@ impl Writer {
             return Ok(());
         }
         let _applying = self.apply_lock.lock();
-        let done = (|| {
+        // On a caller's thread too (`stats`, `begin_read`): a panic on a damaged page poisons
+        // the engine, as a failure does.
+        let done = crate::contain::contained("the records written into redb", || {
             let mut txn = engine.db.begin_write()?;
             txn.set_durability(Durability::None)?;
             let taken = self.write_overlay(&txn, None)?;
             txn.commit()?;
             Ok::<_, Error>(taken)
-        })();
+        });
         match done {
             Ok(taken) => {
                 engine.snapshots.refresh();

@@ -731,8 +731,8 @@ fn check_reopened(
     for (table, in_progress) in tables {
         let all = read.open_table(table).map_err(|e| e.to_string())?;
         for entry in all.iter().map_err(|e| e.to_string())? {
-            let (_, v) = entry.map_err(|e| e.to_string())?;
-            let rec = idemdb::testing::decode_record(v.value())
+            let (k, v) = entry.map_err(|e| e.to_string())?;
+            let rec = idemdb::testing::decode_record(k.value(), v.value())
                 .map_err(|e| format!("a stored record fails to decode: {e}"))?;
             if (rec.state == RecordState::InProgress) != in_progress {
                 return Err(format!("a {:?} record in the wrong table", rec.state));

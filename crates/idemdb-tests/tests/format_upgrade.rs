@@ -19,10 +19,18 @@ const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inf
 const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
 const LEASE: Duration = Duration::from_secs(3600);
 
+/// A current record (version 3) in the version-2 record encoding of formats 3 to 5: no
+/// checksum (its last 8 bytes).
+fn to_record_v2(current: &[u8]) -> Vec<u8> {
+    assert_eq!(current[0], 3, "record version");
+    let mut v2 = current[..current.len() - 8].to_vec();
+    v2[0] = 2;
+    v2
+}
+
 /// A current record in the version-1 record encoding: no `expires_at` (bytes 54..62).
 fn to_record_v1(current: &[u8]) -> Vec<u8> {
-    assert_eq!(current[0], 2, "record version");
-    let mut v1 = current.to_vec();
+    let mut v1 = to_record_v2(current);
     v1.drain(54..62);
     v1[0] = 1;
     v1
@@ -124,8 +132,10 @@ fn upgrades_from(version: u32) {
         let inflight = read.open_table(INFLIGHT).unwrap();
         assert_eq!((part.len().unwrap(), inflight.len().unwrap()), (1, 1));
         for table in [part, inflight] {
-            let (_, v) = table.iter().unwrap().next().unwrap().unwrap();
-            let rec = idemdb::Record::decode(v.value()).unwrap();
+            let (k, v) = table.iter().unwrap().next().unwrap().unwrap();
+            let (k, v) = (k.value(), v.value());
+            assert_eq!(v[0], 3, "rewritten as the current record version");
+            let rec = idemdb::Record::decode(k, v).unwrap();
             assert!(rec.expires_at > rec.updated_at && rec.expires_at < u64::MAX);
         }
     }
@@ -151,8 +161,8 @@ fn upgrades_from(version: u32) {
     assert!(db.complete(&done, b"again".to_vec()).is_err());
     drop(db);
 
-    // The file is version 5 now, with its in-flight and horizon tables, and its log recorded.
-    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
+    // The file is version 6 now, with its in-flight and horizon tables, and its log recorded.
+    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let names = table_names(&read);
@@ -199,7 +209,7 @@ fn version_3_files_are_upgraded_on_open() {
         ReserveOutcome::Completed(b"ok".to_vec())
     );
     drop(db);
-    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
 }
 
 /// Version 4 did not record its log, and the log's header (version 1) had no identity of its
@@ -252,9 +262,66 @@ fn version_4_files_replay_their_log_and_are_upgraded() {
     acks.check_outcomes(&db);
     acks.check_tokens(&db, "probe-v4");
     drop(db);
-    assert_eq!(format_version(&path), Some(5u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
     let log = std::fs::read(&log_path).unwrap();
     assert_eq!(u32::from_le_bytes(log[8..12].try_into().unwrap()), 2);
     let db = open_worker_db(&path).unwrap();
     acks.check_outcomes(&db);
+}
+
+/// Version 5 stored records without a checksum (record version 2). A version-5 file killed
+/// with frames in its log (whose records are of either version) replays them, then every
+/// record is rewritten as version 3 and the file becomes version 6; what was acknowledged is
+/// all there, and tokens still never repeat.
+#[test]
+fn version_5_records_are_checksummed_on_open() {
+    use common::worker::{Acks, Worker, open_worker_db};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v5.idemdb");
+    let mut acks = Acks::default();
+    let mut worker = Worker::new();
+    worker.ops_per_thread = Some(40);
+    // A first run's records reach the file (the next open's commit and its clean close), a
+    // second run's stay in its log (no checkpoint while it runs).
+    worker.run_and_kill(&path, "v5-file", 150, &mut acks);
+    drop(open_worker_db(&path).unwrap());
+    worker.checkpoint_ms = Some(3_600_000);
+    worker.run_and_kill(&path, "v5-log", 150, &mut acks);
+    // Every record in the file as version 5 stored it.
+    let rewritten = {
+        let raw = idemdb::redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        let rewritten = common::records_as_version_2(&txn);
+        txn.open_table(META)
+            .unwrap()
+            .insert("format_version", &5u32.to_le_bytes()[..])
+            .unwrap();
+        txn.commit().unwrap();
+        rewritten
+    };
+    assert!(rewritten > 0, "the checkpoints left records in the file");
+
+    let db = open_worker_db(&path).unwrap();
+    assert!(db.stats().replayed_frames > 0);
+    acks.check_outcomes(&db);
+    acks.check_tokens(&db, "probe-v5");
+    let report = db.verify(10, |_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    drop(db);
+    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
+    let raw = idemdb::redb::Database::open(&path).unwrap();
+    let read = raw.begin_read().unwrap();
+    for name in table_names(&read)
+        .into_iter()
+        .filter(|n| n.starts_with("idemdb_p_") || n == INFLIGHT.name())
+    {
+        let table = read
+            .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+            .unwrap();
+        for entry in table.iter().unwrap() {
+            let (k, v) = entry.unwrap();
+            assert_eq!(v.value()[0], 3, "{name}");
+            idemdb::Record::decode(k.value(), v.value()).unwrap();
+        }
+    }
 }

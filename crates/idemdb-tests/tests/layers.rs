@@ -20,6 +20,7 @@ const IDEMDB: &[(&str, &[&str])] = &[
         "foundation: errors, settings, counters, table names, wake-ups",
         &[
             "config",
+            "contain",
             "durability",
             "engine_tables",
             "error",

@@ -133,12 +133,15 @@ fn a_table_of_the_same_name_and_length_made_again_is_read_not_trusted() {
         };
         txn.delete_table(def).unwrap();
         let mut t = txn.open_table(def).unwrap();
-        for (k, v) in &old {
-            // The stored key ends with the caller's key: "a-…" becomes "z-…".
-            let mut k = k.clone();
+        for (old_key, v) in &old {
+            // The stored key ends with the caller's key: "a-…" becomes "z-…", its record
+            // checksummed under its new key (docs/design.md §3).
+            let mut k = old_key.clone();
             let at = k.len() - k.iter().rev().position(|&b| b == b'-').unwrap() - 2;
             k[at] = b'z';
-            t.insert(k.as_slice(), v.as_slice()).unwrap();
+            let record = idemdb::Record::decode(old_key, v).unwrap();
+            t.insert(k.as_slice(), record.encode(&k).as_slice())
+                .unwrap();
         }
         drop(t);
         txn.commit().unwrap();

@@ -45,20 +45,45 @@ fn patched(patches: &[u8]) -> Vec<u8> {
     image
 }
 
-/// crash-fed06de: damaged b-tree pages made redb panic inside open (btree_cursor.rs). Opening
-/// now verifies page checksums by default and refuses the file instead.
+/// crash-fed06de: damaged b-tree pages made redb panic inside open (btree_cursor.rs). With
+/// `verify_on_open` the file is refused at redb's check; without it, redb's panic is contained
+/// and the open answers `Corrupted`.
+const CRASH_FED06DE: &[u8] = &[
+    0xc9, 0x5b, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0x01, 0xc9, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x82, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0x10, 0x00, 0x00, 0x00,
+    0x32, 0x34, 0x10, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00,
+    0x00, 0xc9, 0xc9, 0xc9, 0xc9, 0x25,
+];
+
 #[test]
 fn damaged_btree_pages_are_refused_not_a_panic() {
-    let input: &[u8] = &[
-        0xc9, 0x5b, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0x01, 0xc9, 0x00, 0x00,
-        0x00, 0x00, 0x00, 0x00, 0x82, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0xc9, 0x10, 0x00,
-        0x00, 0x00, 0x32, 0x34, 0x10, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-        0xff, 0xff, 0x00, 0x00, 0xc9, 0xc9, 0xc9, 0xc9, 0x25,
-    ];
+    for verify in [true, false] {
+        damaged_btree_pages_opened(verify);
+    }
+}
+
+/// Without the check, redb does panic on this file: the open's containment is what answers.
+#[test]
+fn damaged_btree_pages_unverified_make_redb_panic_and_the_open_answers_corrupted() {
     // The first byte picks the fuzz target's mode (odd: patches over the valid file).
-    let image = patched(&input[1..]);
+    let backend = FaultBackend::from_image(patched(&CRASH_FED06DE[1..]));
+    match IdemDb::builder()
+        .verify_on_open(false)
+        .open_with_backend(backend.clone(), backend.log())
+    {
+        Err(idemdb::Error::Corrupted(why)) => assert!(why.contains("panicked"), "{why}"),
+        other => panic!("expected Corrupted from a contained panic, got {other:?}"),
+    }
+}
+
+fn damaged_btree_pages_opened(verify: bool) {
+    // The first byte picks the fuzz target's mode (odd: patches over the valid file).
+    let image = patched(&CRASH_FED06DE[1..]);
     let backend = FaultBackend::from_image(image);
-    match IdemDb::builder().open_with_backend(backend.clone(), backend.log()) {
+    match IdemDb::builder()
+        .verify_on_open(verify)
+        .open_with_backend(backend.clone(), backend.log())
+    {
         Err(e) => assert!(
             matches!(e, idemdb::Error::Corrupted(_) | idemdb::Error::Storage(_)),
             "{e:?}"

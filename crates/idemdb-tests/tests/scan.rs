@@ -172,8 +172,18 @@ fn write_raw(path: &Path, table: &str, entries: &[(&[u8], &[u8])]) {
 }
 
 /// A stored record value, as idemdb encodes it (docs/design.md §3).
-fn record_bytes(state: u8, token: u64, updated: u64, expires: u64, response: &[u8]) -> Vec<u8> {
-    let mut v = vec![2, state];
+/// A record of the current version (3) stored under `key`, its checksum valid whatever the
+/// fields say (docs/design.md §3).
+fn record_bytes(
+    key: &[u8],
+    state: u8,
+    token: u64,
+    updated: u64,
+    expires: u64,
+    response: &[u8],
+) -> Vec<u8> {
+    use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+    let mut v = vec![3, state];
     v.extend_from_slice(&7u128.to_le_bytes());
     for n in [token, updated + 1000, updated, updated] {
         v.extend_from_slice(&n.to_le_bytes());
@@ -181,6 +191,8 @@ fn record_bytes(state: u8, token: u64, updated: u64, expires: u64, response: &[u
     v.extend_from_slice(&1u32.to_le_bytes());
     v.extend_from_slice(&expires.to_le_bytes());
     v.extend_from_slice(response);
+    let sum = xxh3_64_with_seed(&v, xxh3_64(key));
+    v.extend_from_slice(&sum.to_le_bytes());
     v
 }
 
@@ -216,14 +228,11 @@ fn verify_passes_a_healthy_file_and_lists_every_damaged_entry() {
         key("op", "3"),
         key("op", "4"),
     );
-    let unknown_state = {
-        let mut v = record_bytes(2, 1, T0, T0 + ttl, b"x");
-        v[1] = 9;
-        v
-    };
-    let in_progress = record_bytes(1, 1, T0, T0 + ttl, b"");
-    let wrong_expiry = record_bytes(2, 1, T0, T0 + 5, b"x");
-    let token_too_high = record_bytes(2, 1 << 40, T0, T0 + ttl, b"x");
+    let unknown_state = record_bytes(&k1, 9, 1, T0, T0 + ttl, b"x");
+    let in_progress = record_bytes(&k2, 1, 1, T0, T0 + ttl, b"");
+    let wrong_expiry = record_bytes(&k3, 2, 1, T0, T0 + 5, b"x");
+    let token_too_high = record_bytes(&k4, 2, 1 << 40, T0, T0 + ttl, b"x");
+    let unsplit: &[u8] = &[0, 9, b'x'];
     write_raw(
         &path,
         &part,
@@ -232,10 +241,10 @@ fn verify_passes_a_healthy_file_and_lists_every_damaged_entry() {
             (&k2, &in_progress),
             (&k3, &wrong_expiry),
             (&k4, &token_too_high),
-            (&[0, 9, b'x'], &record_bytes(2, 1, T0, T0 + ttl, b"x")),
+            (unsplit, &record_bytes(unsplit, 2, 1, T0, T0 + ttl, b"x")),
         ],
     );
-    let finished = record_bytes(2, 1, T0, T0 + ttl, b"x");
+    let finished = record_bytes(&k1, 2, 1, T0, T0 + ttl, b"x");
     write_raw(&path, "idemdb_inflight", &[(&k1, &finished)]);
     // A row whose horizon ended (open skips it) but that names nothing and holds no whole tag.
     let mut row = 1u64.to_be_bytes().to_vec();

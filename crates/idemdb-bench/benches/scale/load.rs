@@ -57,8 +57,10 @@ fn open_with(
     let mut builder = IdemDb::builder()
         .clock(clock.clone())
         .retention(retention(compact_every))
-        .verify_on_open(verify)
-        .quick_repair(quick_repair());
+        .verify_on_open(verify);
+    if let Some(on) = quick_repair() {
+        builder = builder.quick_repair(on);
+    }
     if let Some(bytes) = cache_size() {
         builder = builder.cache_size(bytes);
     }
@@ -66,9 +68,11 @@ fn open_with(
 }
 
 /// `Builder::quick_repair` for every open of the run: `IDEMDB_SCALE_QUICK_REPAIR=1` turns it
-/// on (default off, the builder's default).
-pub fn quick_repair() -> bool {
-    std::env::var_os("IDEMDB_SCALE_QUICK_REPAIR").is_some_and(|v| v == "1")
+/// on, `0` off; unset, the builder's default.
+pub fn quick_repair() -> Option<bool> {
+    std::env::var("IDEMDB_SCALE_QUICK_REPAIR")
+        .ok()
+        .map(|v| v.trim() == "1")
 }
 
 /// redb's cache for every open of the run: `IDEMDB_SCALE_CACHE_MB` MiB, else the default.

@@ -5,16 +5,20 @@
 //! 1. loads a new store with that many completed records (100-byte requests, 200-byte
 //!    responses, 7-day TTL, default partitions), 64 callers, the clock moving through one
 //!    simulated day (`load.rs`): load rate, the loading process's resident memory, file size;
-//! 2. drops the page cache (root only; the table says when it could not) and opens the store in
-//!    a new process: open time, resident memory after the open and its peak, then replays of
-//!    up to 500,000 random stored keys by one caller for 10 s (rate, p50, p99), then 2,000
-//!    reserves of fresh keys (p50, p99), against the same on an empty database (`probe.rs`);
-//! 3. opens it again in a new process, the page cache warm: open time and memory;
+//! 2. opens the store in a new process with the builder's defaults (no `verify_on_open`), the
+//!    file in the operating system's page cache as the load left it: replays of up to 500,000
+//!    random stored keys by one caller for 10 s (rate, p50, p99), resident memory after them,
+//!    then 2,000 reserves of fresh keys (p50, p99), against the same on an empty database
+//!    (`probe.rs`); then drops the page cache (root only; the table says when it could not)
+//!    and opens it in a new process: open time, resident memory after the open and its peak;
+//! 3. opens it again in a new process, the page cache warm: open time and memory; then with
+//!    `verify_on_open`;
 //! 4. opens the same file with plain redb under the same page cache, and reads the same keys
 //!    in the partition that holds each, as if finding the partition were free: the anchor for
 //!    open and replays;
-//! 5. drops the page cache again and opens idemdb without `verify_on_open`; then opens it,
-//!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers.
+//! 5. drops the page cache again and opens idemdb with `verify_on_open`; then opens it,
+//!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers;
+//!    then the same again, the recovering open with `verify_on_open`.
 //!
 //! Each measurement runs in a process of its own (this binary, `IDEMDB_SCALE_PROBE` set), so
 //! nothing the load left in memory is counted. Not criterion: every figure is one process's
@@ -22,7 +26,7 @@
 //! 45 minutes and 30 GB of disk for the default sizes). The files live in
 //! `IDEMDB_SCALE_DIR` (default: the system's temp dir), outside the repository, and are
 //! removed after each size unless `IDEMDB_SCALE_KEEP=1`. `IDEMDB_SCALE_CACHE_MB` sets redb's
-//! cache for every open (default: the builder's), `IDEMDB_SCALE_QUICK_REPAIR=1` turns on
+//! cache for every open (default: the builder's), `IDEMDB_SCALE_QUICK_REPAIR=1` (or `0`) sets
 //! `Builder::quick_repair` for every open. The table is printed and written to
 //! `target/bench-results/scale.md`. Under `cargo test --benches` one tiny size runs, and nothing
 //! is written.
@@ -63,7 +67,7 @@ fn main() {
         probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: plan.fresh_reserves,
-            verify: true,
+            verify: false,
         },
         &empty,
         0,
@@ -73,20 +77,24 @@ fn main() {
         let path = root.path().join(format!("scale-{records}.idemdb"));
         println!("{records} records: loading into {}", path.display());
         let loaded = load::fill(&path, records);
-        let cold = plan.drop_page_cache && probe::drop_page_cache();
+        // The builder's defaults: no `verify_on_open`. Replays and fresh reserves first, the
+        // file in the operating system's page cache as the load left it (after the cache is
+        // dropped, an open reads little of the file, and replays read the disk).
         let idemdb = probe::Job::Idemdb {
             replay: plan.replay_time,
             fresh: plan.fresh_reserves,
-            verify: true,
+            verify: false,
         };
-        let first = probe::run(idemdb, &path, records);
+        let reads = probe::run(idemdb, &path, records);
         let open_only = |verify| probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: 0,
             verify,
         };
-        let warm = probe::run(open_only(true), &path, records);
-        let unverified = probe::run(open_only(false), &path, records);
+        let cold = plan.drop_page_cache && probe::drop_page_cache();
+        let first = probe::run(open_only(false), &path, records);
+        let warm = probe::run(open_only(false), &path, records);
+        let verified = probe::run(open_only(true), &path, records);
         let redb = probe::run(
             probe::Job::Redb {
                 replay: plan.replay_time,
@@ -95,22 +103,31 @@ fn main() {
             records,
         );
         let cold_again = plan.drop_page_cache && probe::drop_page_cache();
-        let cold_unverified = probe::run(open_only(false), &path, records);
-        probe::run(probe::Job::Killed { writes: 1_000 }, &path, records);
-        let after_kill = probe::run(open_only(true), &path, records);
+        let cold_verified = probe::run(open_only(true), &path, records);
+        let killed = |from| probe::Job::Killed {
+            writes: 1_000,
+            from,
+        };
+        probe::run(killed(0), &path, records);
+        let after_kill = probe::run(open_only(false), &path, records);
+        probe::run(killed(1_000), &path, records);
+        let after_kill_verified = probe::run(open_only(true), &path, records);
         println!(
-            "  first open {first}\n  warm open {warm}\n  warm open unverified {unverified}\n  \
-             plain redb {redb}\n  cold open unverified {cold_unverified}\n  open after kill -9 {after_kill}"
+            "  reads {reads}\n  first open {first}\n  warm open {warm}\n  warm open verified {verified}\n  \
+             plain redb {redb}\n  cold open verified {cold_verified}\n  open after kill -9 \
+             {after_kill}\n  verified open after kill -9 {after_kill_verified}"
         );
         report.rows.push(Row {
             records,
             loaded,
             cold,
+            reads,
             first,
             warm,
-            unverified,
-            cold_unverified: cold_again.then_some(cold_unverified),
+            verified,
+            cold_verified: cold_again.then_some(cold_verified),
             after_kill,
+            after_kill_verified,
             redb,
         });
         if !keep {

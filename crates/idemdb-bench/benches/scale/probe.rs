@@ -32,9 +32,9 @@ pub enum Job {
     /// Plain redb: open the same file, then point reads of random stored keys in the
     /// partition that holds each (as if the key's partition were known for free).
     Redb { replay: Duration },
-    /// Open idemdb, complete `writes` lifecycles of new keys, and abort the process (as
-    /// `kill -9` would): the next open recovers.
-    Killed { writes: u64 },
+    /// Open idemdb, complete `writes` lifecycles of new keys (ids from 2^41 + `from`), and
+    /// abort the process (as `kill -9` would): the next open recovers.
+    Killed { writes: u64, from: u64 },
 }
 
 /// Runs `job` in a new process of this binary and returns what it printed.
@@ -51,7 +51,9 @@ pub fn run(job: Job, path: &Path, records: u64) -> Value {
             "verify": verify,
         }),
         Job::Redb { replay } => json!({"kind": "redb", "replay_ms": replay.as_millis() as u64}),
-        Job::Killed { writes } => json!({"kind": "killed", "writes": writes}),
+        Job::Killed { writes, from } => {
+            json!({"kind": "killed", "writes": writes, "from": from})
+        }
     };
     let spec = json!({"job": spec, "path": path, "records": records});
     let out = Command::new(std::env::current_exe().expect("this binary"))
@@ -102,7 +104,11 @@ pub fn run_if_probe() -> bool {
         ),
         Some("redb") => plain_redb(&path, records, replay),
         Some("killed") => {
-            let result = killed(&path, job["writes"].as_u64().unwrap_or(0));
+            let result = killed(
+                &path,
+                job["writes"].as_u64().unwrap_or(0),
+                job["from"].as_u64().unwrap_or(0),
+            );
             println!("RESULT {result}");
             // Nothing closes: no checkpoint, no clean-close mark, redb's file left as is.
             std::process::abort();
@@ -186,6 +192,7 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         "key_index_bytes": stats.memory.key_index,
         "key_filter_bytes": stats.memory.key_filters,
         "page_cache_limit": stats.memory.page_cache,
+        "replay_cache_limit": stats.memory.replay_cache,
         "stored_records": stats.stored_records,
         "partitions": stats.partitions,
         "partitions_read_at_open": stats.partitions_read_at_open,
@@ -197,12 +204,13 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
 
 /// Opens the store, completes `writes` lifecycles of keys never stored, and returns what the
 /// open found; the caller aborts the process then.
-fn killed(path: &Path, writes: u64) -> Value {
+fn killed(path: &Path, writes: u64, from: u64) -> Value {
     let clock = ManualClock::new(day_end());
     let db = load::open_verified(path, &clock, false);
     let scope = scope();
     // Ids above the first probe's fresh keys (reserved from 2^40 and left in progress).
-    for id in (1u64 << 41)..(1 << 41) + writes {
+    let first = (1u64 << 41) + from;
+    for id in first..first + writes {
         let key = Key::new(key_bytes(id));
         match db
             .reserve(&scope, &key, &REQUEST[..], LEASE)
