@@ -174,37 +174,34 @@ fn an_older_record_version_in_a_current_file_is_corrupted() {
     refused(&path, "k", "version 2");
 }
 
-/// A power loss at any sync of the open that upgrades a version-5 file (records of version 2)
-/// leaves a file that the next open upgrades in full: never version 6 with a record left
-/// unchecksummed, never a record lost.
-#[test]
-fn a_power_loss_inside_the_upgrade_to_checksummed_records_is_finished_by_the_next_open() {
+/// A key and its response (`None`: in flight).
+type Stored = (String, Option<Vec<u8>>);
+
+/// Forty records (one in flight) over three partitions, closed, then rewritten as a
+/// version-5 file left them: every record of version 2, without its checksum. The images of
+/// the database and of its log, and the response of each key (`None`: in flight).
+fn version_5_images(clock: &ManualClock) -> ((Vec<u8>, Vec<u8>), Vec<Stored>) {
     use idemdb::redb::TableHandle;
-    use idemdb_testkit::{FaultBackend, TearMode};
-    let clock = ManualClock::new(common::T0);
     let scope = Scope::new("op", "p");
-    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
-    let open_on = |backend: &FaultBackend| {
-        IdemDb::builder()
-            .clock(clock.clone())
-            .open_with_backend(backend.clone(), backend.log())
-    };
-    let backend = FaultBackend::new();
+    let backend = idemdb_testkit::FaultBackend::new();
+    let mut keys = Vec::new();
     {
-        let db = open_on(&backend).unwrap();
-        for (i, key) in keys.iter().enumerate() {
+        let db = open_on(&backend, clock).unwrap();
+        for i in 0..40 {
             // Three partitions (10 s wide by default).
             clock.advance(std::time::Duration::from_millis(500));
+            let key = format!("k{i}");
             let r = acquired(
-                db.reserve(&scope, &Key::new(key), b"x", common::LEASE)
+                db.reserve(&scope, &Key::new(&key), b"x", common::LEASE)
                     .unwrap(),
             );
-            if i != 0 {
-                db.complete(&r, format!("answer {i}").into_bytes()).unwrap();
+            let response = (i != 0).then(|| format!("answer {i}").into_bytes());
+            if let Some(response) = &response {
+                db.complete(&r, response.clone()).unwrap();
             }
+            keys.push((key, response));
         }
     }
-    // The file as version 5 left it: every record of version 2, without its checksum.
     {
         let raw = idemdb::redb::Builder::new()
             .create_with_backend(backend.clone())
@@ -223,35 +220,131 @@ fn a_power_loss_inside_the_upgrade_to_checksummed_records_is_finished_by_the_nex
             .unwrap();
         txn.commit().unwrap();
     }
-    let (db_image, log_image) = (backend.live_image(), backend.log().live_image());
+    ((backend.live_image(), backend.log().live_image()), keys)
+}
+
+fn open_on(backend: &idemdb_testkit::FaultBackend, clock: &ManualClock) -> Result<IdemDb, Error> {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .open_with_backend(backend.clone(), backend.log())
+}
+
+/// The file on `backend` opens, every record is checksummed and answers as stored.
+fn upgraded_in_full(
+    backend: &idemdb_testkit::FaultBackend,
+    clock: &ManualClock,
+    keys: &[Stored],
+    what: &str,
+) {
+    let scope = Scope::new("op", "p");
+    let db = open_on(backend, clock).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let report = db.verify(10, |_| {}).unwrap();
+    assert!(report.is_ok(), "{what}: {:?}", report.problems);
+    assert_eq!(report.finished_records + report.in_flight_records, 40);
+    for (key, response) in keys {
+        let answer = db
+            .reserve(&scope, &Key::new(key), b"x", common::LEASE)
+            .unwrap();
+        match response {
+            Some(r) => assert_eq!(answer, ReserveOutcome::Completed(r.clone()), "{what}"),
+            None => assert!(
+                matches!(answer, ReserveOutcome::InProgress { .. }),
+                "{what}"
+            ),
+        }
+    }
+}
+
+/// A power loss at any sync of the open that upgrades a version-5 file (records of version 2)
+/// leaves a file that the next open upgrades in full: never version 6 with a record left
+/// unchecksummed, never a record lost.
+#[test]
+fn a_power_loss_inside_the_upgrade_to_checksummed_records_is_finished_by_the_next_open() {
+    use idemdb_testkit::{FaultBackend, TearMode};
+    let clock = ManualClock::new(common::T0);
+    let ((db_image, log_image), keys) = version_5_images(&clock);
     let mut crashes = 0;
     for n in 0.. {
         let disk = FaultBackend::from_images(db_image.clone(), log_image.clone());
         disk.crash_at_sync(n, TearMode::Random(n));
-        let _ = open_on(&disk).map(drop);
+        let _ = open_on(&disk, &clock).map(drop);
         let Some(after) = disk.crashed_disk() else {
             break;
         };
         crashes += 1;
-        let db = open_on(&after).unwrap_or_else(|e| panic!("after a loss at sync {n}: {e}"));
-        let report = db.verify(10, |_| {}).unwrap();
-        assert!(report.is_ok(), "loss at sync {n}: {:?}", report.problems);
-        assert_eq!(report.finished_records + report.in_flight_records, 40);
-        for (i, key) in keys.iter().enumerate().skip(1) {
-            assert_eq!(
-                db.reserve(&scope, &Key::new(key), b"x", common::LEASE)
-                    .unwrap(),
-                ReserveOutcome::Completed(format!("answer {i}").into_bytes()),
-                "loss at sync {n}"
-            );
-        }
-        assert!(matches!(
-            db.reserve(&scope, &Key::new(&keys[0]), b"x", common::LEASE)
-                .unwrap(),
-            ReserveOutcome::InProgress { .. }
-        ));
+        upgraded_in_full(&after, &clock, &keys, &format!("a loss at sync {n}"));
     }
     assert!(crashes >= 4, "the upgrade's syncs: {crashes}");
+}
+
+/// A write that fails inside the upgrade (a full disk, an I/O error) fails the open; what is
+/// durable then is upgraded in full by the next open.
+#[test]
+fn a_write_failure_inside_the_upgrade_fails_the_open_and_the_next_open_finishes_it() {
+    use idemdb_testkit::{Fault, FaultBackend};
+    let clock = ManualClock::new(common::T0);
+    let ((db_image, log_image), keys) = version_5_images(&clock);
+    let mut failed = 0;
+    for n in 0.. {
+        let disk = FaultBackend::from_images(db_image.clone(), log_image.clone());
+        disk.inject(Fault::Write { after: n });
+        if open_on(&disk, &clock).is_ok() {
+            break;
+        }
+        failed += 1;
+        upgraded_in_full(
+            &disk.durable_disk(),
+            &clock,
+            &keys,
+            &format!("write {n} failed"),
+        );
+    }
+    assert!(failed >= 4, "the upgrade's writes: {failed}");
+}
+
+/// A record that does not decode refuses the upgrade, as it would a read: the open is
+/// `Corrupted` and the file stays at version 5.
+#[test]
+fn a_record_that_does_not_decode_refuses_the_upgrade() {
+    use idemdb::redb::ReadableDatabase;
+    use idemdb_testkit::FaultBackend;
+    let clock = ManualClock::new(common::T0);
+    let ((db_image, log_image), _) = version_5_images(&clock);
+    let disk = FaultBackend::from_images(db_image, log_image);
+    {
+        let raw = idemdb::redb::Builder::new()
+            .create_with_backend(disk.clone())
+            .unwrap();
+        let txn = raw.begin_write().unwrap();
+        {
+            let mut t = txn
+                .open_table(TableDefinition::<&[u8], &[u8]>::new("idemdb_inflight"))
+                .unwrap();
+            let key = stored_key("op", "p", "k0");
+            let mut v = t.get(key.as_slice()).unwrap().unwrap().value().to_vec();
+            v[1] = 9;
+            t.insert(key.as_slice(), v.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    match open_on(&disk, &clock) {
+        Err(Error::Corrupted(why)) => assert!(why.contains("unknown record state 9"), "{why}"),
+        other => panic!("expected Corrupted, got {:?}", other.map(drop)),
+    }
+    let raw = idemdb::redb::Builder::new()
+        .create_with_backend(disk.durable_disk())
+        .unwrap();
+    let read = raw.begin_read().unwrap();
+    let meta = read
+        .open_table(TableDefinition::<&str, &[u8]>::new("idemdb_meta"))
+        .unwrap();
+    let version = meta
+        .get("format_version")
+        .unwrap()
+        .unwrap()
+        .value()
+        .to_vec();
+    assert_eq!(version, 5u32.to_le_bytes());
 }
 
 /// The damage no read sees: a stored *key* damaged. A lookup of the original key finds
