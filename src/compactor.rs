@@ -2,7 +2,6 @@
 //! IN_PROGRESS records, and retiring horizon sets, each in a short durable transaction of its
 //! own between the writer's batches. Run by a background thread and by `compact_now`.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -420,20 +419,10 @@ fn run(writer: &Writer, clock: &dyn Clock, interval: Duration, stop: &(Mutex<boo
             Err(panic) => {
                 writer.engine.poison_with(format!(
                     "the compactor thread panicked: {}",
-                    panic_message(&*panic)
+                    crate::contain::panic_words(&*panic)
                 ));
                 return;
             }
         }
-    }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic payload".to_string()
     }
 }

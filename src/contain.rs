@@ -19,13 +19,18 @@ pub(crate) fn contained<T>(
     catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| Err(corrupted(what, &*panic)))
 }
 
-/// The error a panic while reading `what` becomes.
-pub(crate) fn corrupted(what: &str, panic: &(dyn Any + Send)) -> Error {
-    let words = panic
+/// What a panic said: its message, if its payload is a string.
+pub(crate) fn panic_words(panic: &(dyn Any + Send)) -> &str {
+    panic
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message");
+        .unwrap_or("a non-string panic payload")
+}
+
+/// The error a panic while reading `what` becomes.
+pub(crate) fn corrupted(what: &str, panic: &(dyn Any + Send)) -> Error {
+    let words = panic_words(panic);
     Error::Corrupted(format!(
         "reading {what} panicked ({words}): a damaged page of the database file; \
          `IdemDb::verify`, or an open with `verify_on_open`, checks the whole file"
