@@ -13,8 +13,9 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::recognition::{index_pending, retire_horizon};
 use crate::records::filter;
-use crate::records::horizon::{HORIZON, RECOGNISED, row_until, sweep_source, write_row};
+use crate::records::horizon::{row_key, sweep_source, write_row};
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
 use crate::records::summary::{self, SUMMARIES, Summary};
@@ -99,6 +100,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
     report.wide_partitions_built = widened.built;
     report.partitions_widened = widened.merged;
     report.in_flight_expired = sweep_in_flight(writer, now)?;
+    index_pending(writer, now)?;
     report.horizon_sets_retired = retire_horizon(writer, now)?;
     Ok(report)
 }
@@ -133,22 +135,25 @@ fn drop_partitions(
                 filter::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);
                 // Recognised by their whole hashes (sorted, distinct).
-                let kept = layout.rules.keeps(until, now) && !keys.hashes.is_empty();
-                if kept {
-                    write_row(txn, until, &part.table, &keys.hashes)?;
-                }
+                let kept = if layout.rules.keeps(until, now) && !keys.hashes.is_empty() {
+                    Some(write_row(txn, until, &part.table, &keys.hashes)?)
+                } else {
+                    None
+                };
                 dropped.push((part, keys, until, kept));
             }
             Ok(dropped)
         },
         // Under the writer's lock and after the commit, so that no batch reopens (and so
         // recreates) a table, none runs between a drop and the recognition of its keys, and
-        // a drop that did not commit is not forgotten in memory.
+        // a drop that did not commit is not forgotten in memory. Memory holds the row until
+        // its hashes are on disk by hash (recognition.rs, later in the pass).
         |dropped| {
-            for (part, keys, until, kept) in dropped {
+            for (part, _, until, kept) in dropped {
                 layout.partitions.remove(part.id);
-                if *kept {
-                    layout.horizon.add(keys.hashes.iter().copied(), *until);
+                if let Some(hashes) = kept {
+                    let key = row_key(*until, &part.table);
+                    layout.horizon.add_pending(key, *until, Arc::clone(hashes));
                 }
             }
         },
@@ -289,68 +294,23 @@ fn sweep_in_flight(writer: &Writer, now: u64) -> Result<u64, Error> {
                     sets.entry(until).or_default().push(layout.index.hash(key));
                 }
             }
-            for (until, hashes) in &mut sets {
+            let mut rows = Vec::with_capacity(sets.len());
+            for (until, mut hashes) in sets {
                 hashes.sort_unstable();
                 hashes.dedup();
-                write_row(txn, *until, &name, hashes)?;
+                rows.push((until, write_row(txn, until, &name, &hashes)?));
             }
-            Ok((removed.len() as u64, sets))
+            Ok((removed.len() as u64, rows))
         },
-        |(_, sets)| {
-            for (until, hashes) in sets {
-                layout.horizon.add(hashes.iter().copied(), *until);
+        |(_, rows)| {
+            for (until, hashes) in rows {
+                let key = row_key(*until, &name);
+                layout.horizon.add_pending(key, *until, Arc::clone(hashes));
             }
         },
     )?;
     engine.stats.add_n(Counter::ExpiredRecords, count);
     Ok(count)
-}
-
-/// Deletes the horizon sets whose extended horizon passed.
-fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
-    let engine = &*writer.engine;
-    // The rows due in each table: this build's, and older builds' 32-bit ones.
-    let mut due = Vec::new();
-    {
-        let txn = engine.db.begin_read()?;
-        for table in [RECOGNISED, HORIZON] {
-            let rows = match txn.open_table(table) {
-                Ok(rows) => rows,
-                Err(redb::TableError::TableDoesNotExist(_)) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let mut keys = Vec::new();
-            for row in rows.iter()? {
-                let (k, _) = row?;
-                if row_until(k.value())? > now {
-                    break; // Rows are in `until` order.
-                }
-                keys.push(k.value().to_vec());
-            }
-            if !keys.is_empty() {
-                due.push((table, keys));
-            }
-        }
-    }
-    engine.layout.horizon.expire(now);
-    if due.is_empty() {
-        return Ok(0);
-    }
-    let retired = due.iter().map(|(_, keys)| keys.len() as u64).sum();
-    writer.exclusive(
-        Touches::RowsBeside,
-        |txn| {
-            for (table, keys) in &due {
-                let mut table = txn.open_table(*table)?;
-                for key in keys {
-                    table.remove(key.as_slice())?;
-                }
-            }
-            Ok(())
-        },
-        |_| {},
-    )?;
-    Ok(retired)
 }
 
 /// The background compactor: a named thread that runs a pass every interval (real time; the

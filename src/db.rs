@@ -140,8 +140,11 @@ impl IdemDb {
             log_step: config.log_step,
         };
         let (log, recovered) = crate::recovery::open_log(&db, log, &opening)?;
-        if meta.version < meta::FORMAT_VERSION {
+        if meta.version < meta::CHECKSUMMED {
             meta::checksum_records(&db)?;
+        }
+        if meta.version < meta::FORMAT_VERSION {
+            meta::index_recognition_rows(&db)?;
         }
         // The open's commit is a checkpoint with nothing written after it.
         crate::redb_buffer::write_out(&db, config.quick_repair)?;

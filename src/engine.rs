@@ -39,6 +39,10 @@ pub(crate) struct Engine {
     /// Tests run this before the next widening switch (testing::before_next_widening_switch).
     #[cfg(feature = "test-hooks")]
     pub(crate) before_widening_switch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Tests run this between two steps that enter a row's keys on disk
+    /// (testing::between_next_recognition_steps).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) between_recognition_steps: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Set when a commit failed or an engine thread panicked: writes are refused until reopen.
     poisoned: AtomicBool,
     /// Why, when it was not a failed commit.
@@ -70,6 +74,8 @@ impl Engine {
             compaction: Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             before_widening_switch: Mutex::new(None),
+            #[cfg(feature = "test-hooks")]
+            between_recognition_steps: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(None),
         }

@@ -88,7 +88,8 @@ pub enum Error {
         /// Finished records stored outside the partitions found through their filters (each
         /// needs an entry in the key index).
         records: u64,
-        /// Keys recognised beyond the horizon at the open's time.
+        /// Keys recognised beyond the horizon that memory holds at the open (of rows not yet
+        /// entered on disk by hash, and older builds' tags).
         horizon_keys: u64,
     },
     /// An error from redb (storage, table or transaction).

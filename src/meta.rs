@@ -24,10 +24,15 @@ const MAGIC: &[u8] = b"idemdb\0\x01";
 /// `log`) and let a token ceiling live in the log alone: a binary that does neither must not
 /// open a file that relies on both. Version 5 stored records without a checksum (record
 /// version 2): a binary that would take a record without one as valid must not open a file
-/// where only checksummed records are. All are upgraded on open: up to 4 in [`load_or_init`],
-/// 4 → 5 with the log's record when the log is opened (recovery.rs), 5 → 6 by
-/// [`checksum_records`] once the log's frames are in the file.
-pub(crate) const FORMAT_VERSION: u32 = 6;
+/// where only checksummed records are. Version 6 held every recognised key in memory, loaded
+/// from its rows: a binary that does not enter a drop's keys in `idemdb_recognised_keys` must
+/// not open a file whose recognition relies on that table. All are upgraded on open: up to 4
+/// in [`load_or_init`], 4 → 5 with the log's record when the log is opened (recovery.rs),
+/// 5 → 6 by [`checksum_records`] once the log's frames are in the file, 6 → 7 by
+/// [`index_recognition_rows`].
+pub(crate) const FORMAT_VERSION: u32 = 7;
+/// The version [`checksum_records`] reaches.
+pub(crate) const CHECKSUMMED: u32 = 6;
 /// The version the upgrades of [`load_or_init`] reach; opening the log takes it to
 /// [`LOG_RECORDED`].
 const BEFORE_LOG_RECORD: u32 = 4;
@@ -51,7 +56,7 @@ pub(crate) struct Meta {
 
 impl Meta {
     /// The format version the open's log commit writes: [`LOG_RECORDED`] until
-    /// [`checksum_records`] has run, then [`FORMAT_VERSION`].
+    /// [`checksum_records`] has run, then the file's (the later upgrades write their own).
     pub(crate) fn log_version(&self) -> u32 {
         self.version.max(LOG_RECORDED)
     }
@@ -96,6 +101,7 @@ pub(crate) fn load_or_init(db: &Database, rules: &Rules) -> Result<Meta, Error> 
         meta.insert(NEXT_TOKEN_KEY, &1u64.to_le_bytes()[..])?;
         txn.open_table(INFLIGHT)?;
         txn.open_table(HORIZON)?;
+        txn.open_table(crate::records::recognised::RECOGNISED_KEYS)?;
     }
     txn.commit()?;
     Ok(Meta {
@@ -125,6 +131,27 @@ pub(crate) fn checksum_records(db: &Database) -> Result<(), Error> {
         txn.commit()?;
     }
     let txn = db.begin_write()?;
+    crate::engine_tables::write_format_version(&mut txn.open_table(META)?, CHECKSUMMED)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Version 6 → 7: every recognition row is named as not yet entered in the table of
+/// recognised keys (records/recognised.rs), which is created; the open loads such rows into
+/// memory, and the next compaction pass enters them. One commit, with the version.
+pub(crate) fn index_recognition_rows(db: &Database) -> Result<(), Error> {
+    use crate::records::horizon::RECOGNISED;
+    use crate::records::recognised::{RECOGNISED_KEYS, mark_unindexed};
+    let txn = db.begin_write()?;
+    txn.open_table(RECOGNISED_KEYS)?;
+    let keys: Vec<Vec<u8>> = txn
+        .open_table(RECOGNISED)?
+        .iter()?
+        .map(|row| row.map(|(k, _)| k.value().to_vec()))
+        .collect::<Result<_, _>>()?;
+    for key in &keys {
+        mark_unindexed(&txn, key)?;
+    }
     crate::engine_tables::write_format_version(&mut txn.open_table(META)?, FORMAT_VERSION)?;
     txn.commit()?;
     Ok(())

@@ -33,7 +33,9 @@ pub struct MemoryUse {
     pub key_index: u64,
     /// The wide partitions' key filters (about 1.13 bytes per record in them).
     pub key_filters: u64,
-    /// The keys recognised beyond the horizon.
+    /// The keys recognised beyond the horizon that memory holds: those of a drop not yet
+    /// entered in the on-disk table of recognised keys (8 bytes each), and older builds'
+    /// 32-bit tags.
     pub horizon: u64,
 }
 
@@ -96,7 +98,8 @@ pub struct Stats {
     /// Time partitions stored now.
     pub partitions: u64,
     /// Keys held for beyond-horizon recognition: of dropped partitions and swept abandoned
-    /// reservations, until the pass after their horizon ends (18 to 36 bytes of memory each).
+    /// reservations, until the pass after their horizon ends. On disk, found by hash; memory
+    /// holds 8 bytes of each only until the pass that dropped it has entered it on disk.
     pub horizon_keys: u64,
     /// Entries of the in-memory key index: (key, partition) pairs of the partitions not found
     /// through a filter, a key in two partitions counting twice (8 bytes each at 3/4 full:

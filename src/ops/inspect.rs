@@ -36,7 +36,7 @@ impl IdemDb {
         let layout = &self.engine.layout;
         let catalog = layout.partitions.catalog();
         stats.partitions = catalog.parts().len() as u64;
-        stats.horizon_keys = layout.horizon.len() as u64;
+        stats.horizon_keys = layout.horizon.tags_len() as u64;
         stats.indexed_keys = layout.index.len() as u64;
         stats.partitions_read_at_open = layout.partitions_read;
         stats.memory = crate::stats::MemoryUse {
@@ -67,6 +67,25 @@ impl IdemDb {
                 t.ok().and_then(|t| t.len().ok()).unwrap_or(0)
             };
             stats.in_flight_records = len(txn.open_table(INFLIGHT));
+            // Recognised keys: on disk by hash, and those of rows memory holds that are not
+            // there yet (a key in both counted once).
+            let keys = txn
+                .open_table(crate::records::recognised::RECOGNISED_KEYS)
+                .ok();
+            let on_disk = |hash: u64| {
+                keys.as_ref()
+                    .and_then(|k| k.get(hash).ok().flatten())
+                    .is_some()
+            };
+            let pending: std::collections::BTreeSet<u64> = layout
+                .horizon
+                .pending()
+                .iter()
+                .flat_map(|row| row.hashes.iter().copied())
+                .filter(|&h| !on_disk(h))
+                .collect();
+            stats.horizon_keys +=
+                pending.len() as u64 + keys.as_ref().and_then(|k| k.len().ok()).unwrap_or(0);
             stats.stored_records = stats.in_flight_records
                 + catalog
                     .parts()

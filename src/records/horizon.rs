@@ -4,9 +4,10 @@
 //!
 //! On disk (table `idemdb_recognised`), one row per dropped partition or sweep: key = `until`
 //! (u64 BE, ms) followed by the source's name; value = the keys' 64-bit index hashes, u64 LE
-//! each, sorted and distinct: 8 bytes per key. In memory, one map from hash to the latest
-//! `until`. A key never stored is taken for a recognised one with probability about
-//! n / 2^64 for n recognised keys (a billion: 5.4 × 10^-11).
+//! each, sorted and distinct: 8 bytes per key. The hashes are also entered, after the row's
+//! commit, in a table keyed by hash (recognised.rs), which a fresh acquisition asks; memory
+//! holds only the rows not entered yet. A key never stored is taken for a recognised one
+//! with probability about n / 2^64 for n recognised keys (a billion: 5.4 × 10^-11).
 //!
 //! Older builds kept 32-bit tags (the hashes' upper halves) in `idemdb_horizon`, 4 bytes per
 //! key, which match a fresh key with probability n / 2^32 (181 million keys: 4.1%). Such rows
@@ -14,6 +15,7 @@
 //! out; nothing writes them any more.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -76,13 +78,15 @@ pub(crate) fn is_source(source: &str) -> bool {
 
 /// Writes the set of key `hashes` (sorted, distinct) recognised until `until`, removed from
 /// `source`, merged with a row already under the same key (two passes at one instant, or a
-/// partition of the same name created again after the clock went back).
+/// partition of the same name created again after the clock went back). Names the row as not
+/// yet entered in the table of recognised keys (recognised.rs) and returns its hashes, for
+/// memory to hold until they are.
 pub(crate) fn write_row(
     txn: &WriteTransaction,
     until: u64,
     source: &str,
     hashes: &[u64],
-) -> Result<(), Error> {
+) -> Result<Arc<[u64]>, Error> {
     let mut table = txn.open_table(RECOGNISED)?;
     let key = row_key(until, source);
     let mut merged = hashes.to_vec();
@@ -92,7 +96,8 @@ pub(crate) fn write_row(
         merged.dedup();
     }
     table.insert(key.as_slice(), encode_hashes(&merged).as_slice())?;
-    Ok(())
+    crate::records::recognised::mark_unindexed(txn, &key)?;
+    Ok(merged.into())
 }
 
 pub(crate) fn encode_hashes(hashes: &[u64]) -> Vec<u8> {
@@ -131,142 +136,199 @@ pub(crate) fn decode_tags(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
 }
 
-/// Recognised keys in memory: hash → the latest `until` of its rows; and the 32-bit tags of
-/// older builds' rows, tag → until.
+/// A recognition row whose hashes are not all in the on-disk table yet (recognised.rs):
+/// held in memory until its last step commits.
+pub(crate) struct Pending {
+    /// The row's key in `idemdb_recognised`.
+    pub(crate) key: Vec<u8>,
+    pub(crate) until: u64,
+    /// Sorted and distinct.
+    pub(crate) hashes: Arc<[u64]>,
+}
+
+/// Recognised keys in memory: the rows not yet in the on-disk table, and the 32-bit tags of
+/// older builds' rows, tag → until. Every other recognised key is only on disk.
 pub(crate) struct Horizon {
-    keys: RwLock<HashMap<u64, u64>>,
+    pending: RwLock<Vec<Arc<Pending>>>,
     tags: RwLock<HashMap<u32, u64>>,
-    /// `tags` holds any: a fresh acquisition's check takes its lock only then (older rows
-    /// are loaded at open and only retired after).
-    has_tags: AtomicBool,
-    /// Nothing in either map runs out before this: a pass with nothing to retire does not
-    /// walk them.
+    /// `pending` or `tags` holds any: a fresh acquisition takes their locks only then.
+    in_memory: AtomicBool,
+    /// No tag runs out before this: a pass with nothing to retire does not walk them.
     earliest: AtomicU64,
 }
 
 impl Default for Horizon {
     fn default() -> Self {
         Horizon {
-            keys: RwLock::default(),
+            pending: RwLock::default(),
             tags: RwLock::default(),
-            has_tags: AtomicBool::new(false),
+            in_memory: AtomicBool::new(false),
             earliest: AtomicU64::new(u64::MAX),
         }
     }
 }
 
-/// Raises `map`'s entries for `items` to `until`; whether it added any.
-fn add_to<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, u64>,
-    items: impl IntoIterator<Item = K>,
-    until: u64,
-) -> bool {
-    let before = map.len();
-    for k in items {
-        let e = map.entry(k).or_insert(until);
-        *e = (*e).max(until);
-    }
-    map.len() > before
-}
-
 impl Horizon {
-    /// Whether the key with this index hash was removed and is still recognised at `now`:
-    /// by its whole hash, or by the upper half an older build's row kept.
+    /// Whether the key with this index hash is recognised at `now` by what memory holds: a
+    /// row not yet on disk, or the upper half an older build's row kept. The on-disk table
+    /// is asked by the caller.
     pub(crate) fn recognises(&self, hash: u64, now: u64) -> bool {
-        let live = |until: Option<&u64>| until.is_some_and(|&until| now < until);
-        live(self.keys.read().get(&hash))
-            || (self.has_tags.load(Ordering::Acquire) && live(self.tags.read().get(&tag(hash))))
+        if !self.in_memory.load(Ordering::Acquire) {
+            return false;
+        }
+        let pending = self
+            .pending
+            .read()
+            .iter()
+            .any(|row| now < row.until && row.hashes.binary_search(&hash).is_ok());
+        pending
+            || self
+                .tags
+                .read()
+                .get(&tag(hash))
+                .is_some_and(|&until| now < until)
     }
 
-    /// Recognises the keys of `hashes` until `until`.
-    pub(crate) fn add(&self, hashes: impl IntoIterator<Item = u64>, until: u64) {
-        if add_to(&mut self.keys.write(), hashes, until) {
-            self.earliest.fetch_min(until, Ordering::Relaxed);
-        }
+    fn note_in_memory(&self, pending: &[Arc<Pending>], tags: &HashMap<u32, u64>) {
+        self.in_memory
+            .store(!pending.is_empty() || !tags.is_empty(), Ordering::Release);
+    }
+
+    /// Holds the row `key` (its hashes as written, merged with any row of the same key)
+    /// until its hashes are on disk; replaces a row held under the same key.
+    pub(crate) fn add_pending(&self, key: Vec<u8>, until: u64, hashes: Arc<[u64]>) {
+        let mut pending = self.pending.write();
+        pending.retain(|row| row.key != key);
+        pending.push(Arc::new(Pending { key, until, hashes }));
+        self.note_in_memory(&pending, &self.tags.read());
+    }
+
+    /// Forgets the row `row` once its hashes are on disk (or it was retired); a row held
+    /// under its key since (merged by a later drop) stays.
+    pub(crate) fn remove_pending(&self, row: &Arc<Pending>) {
+        let mut pending = self.pending.write();
+        pending.retain(|held| !Arc::ptr_eq(held, row));
+        self.note_in_memory(&pending, &self.tags.read());
+    }
+
+    /// Forgets the row under `key`, whatever it holds (it was retired).
+    pub(crate) fn remove_pending_key(&self, key: &[u8]) {
+        let mut pending = self.pending.write();
+        pending.retain(|held| held.key != key);
+        self.note_in_memory(&pending, &self.tags.read());
+    }
+
+    /// The rows held in memory, oldest first.
+    pub(crate) fn pending(&self) -> Vec<Arc<Pending>> {
+        self.pending.read().clone()
     }
 
     /// Recognises the 32-bit `tags` of an older build's row until `until`.
     pub(crate) fn add_tags(&self, tags: impl IntoIterator<Item = u32>, until: u64) {
         let mut map = self.tags.write();
-        if add_to(&mut map, tags, until) {
+        let before = map.len();
+        for t in tags {
+            let e = map.entry(t).or_insert(until);
+            *e = (*e).max(until);
+        }
+        if map.len() > before {
             self.earliest.fetch_min(until, Ordering::Relaxed);
         }
-        self.has_tags.store(!map.is_empty(), Ordering::Release);
+        self.note_in_memory(&self.pending.read(), &map);
     }
 
-    /// Forgets keys and tags whose horizon passed.
+    /// Forgets tags whose horizon passed.
     pub(crate) fn expire(&self, now: u64) {
         if now < self.earliest.load(Ordering::Relaxed) {
             return;
         }
-        let mut keys = self.keys.write();
         let mut tags = self.tags.write();
-        keys.retain(|_, until| now < *until);
         tags.retain(|_, until| now < *until);
-        self.has_tags.store(!tags.is_empty(), Ordering::Release);
-        let earliest = keys.values().chain(tags.values()).copied().min();
+        self.note_in_memory(&self.pending.read(), &tags);
+        let earliest = tags.values().copied().min();
         self.earliest
             .store(earliest.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    /// Keys recognised (tags of older rows included).
+    /// Recognised keys held in memory: the pending rows' hashes and older rows' tags.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.keys.read().len() + self.tags.read().len()
+        let pending: usize = self.pending.read().iter().map(|r| r.hashes.len()).sum();
+        pending + self.tags_len()
     }
 
-    /// Heap bytes the maps hold now.
+    /// Older builds' tags held.
+    pub(crate) fn tags_len(&self) -> usize {
+        self.tags.read().len()
+    }
+
+    /// Heap bytes held now (the pending rows' hashes; their keys are a few bytes a row).
     pub(crate) fn memory_bytes(&self) -> u64 {
-        table_bytes(
-            buckets_of_capacity(self.keys.read().capacity() as u64),
-            KEY_ENTRY,
-        ) + table_bytes(
-            buckets_of_capacity(self.tags.read().capacity() as u64),
-            TAG_ENTRY,
-        )
+        let pending: u64 = self
+            .pending
+            .read()
+            .iter()
+            .map(|r| (r.hashes.len() * size_of::<u64>()) as u64)
+            .sum();
+        pending
+            + table_bytes(
+                buckets_of_capacity(self.tags.read().capacity() as u64),
+                TAG_ENTRY,
+            )
     }
 
-    /// Room for `keys` more hashes and `tags` more tags without growing.
-    pub(crate) fn reserve(&self, keys: u64, tags: u64) {
-        let n = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        if keys > 0 {
-            self.keys.write().reserve(n(keys));
-        }
+    /// Room for `tags` more tags without growing.
+    pub(crate) fn reserve_tags(&self, tags: u64) {
         if tags > 0 {
-            self.tags.write().reserve(n(tags));
+            self.tags
+                .write()
+                .reserve(usize::try_from(tags).unwrap_or(usize::MAX));
         }
     }
 }
 
-/// Bytes of one entry of each map: (hash, until), (tag, until).
-const KEY_ENTRY: u64 = size_of::<(u64, u64)>() as u64;
+/// Bytes of one entry of the tags map: (tag, until).
 const TAG_ENTRY: u64 = size_of::<(u32, u64)>() as u64;
 
-/// Heap bytes of maps of `keys` hashes and `tags` tags (at most: rows may share them).
+/// Heap bytes of `keys` pending hashes and a map of `tags` tags.
 pub(crate) fn bytes_for(keys: u64, tags: u64) -> u64 {
-    table_bytes(buckets_for(keys), KEY_ENTRY) + table_bytes(buckets_for(tags), TAG_ENTRY)
+    keys.saturating_mul(size_of::<u64>() as u64) + table_bytes(buckets_for(tags), TAG_ENTRY)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn row(key: &[u8], until: u64, hashes: &[u64]) -> (Vec<u8>, u64, Arc<[u64]>) {
+        (key.to_vec(), until, hashes.into())
+    }
+
     #[test]
-    fn recognises_until_the_latest_horizon() {
+    fn a_pending_row_is_recognised_until_its_horizon_and_forgotten_when_removed() {
         let h = Horizon::default();
-        h.add([1, 2], 100);
-        h.add([2], 300);
-        assert!(h.recognises(1, 99) && !h.recognises(1, 100));
-        assert!(h.recognises(2, 299));
+        assert!(!h.recognises(1, 0));
+        let (k, until, hashes) = row(b"a", 100, &[1, 2, 5]);
+        h.add_pending(k, until, hashes);
+        assert!(h.recognises(2, 99) && !h.recognises(2, 100));
         assert!(!h.recognises(3, 0));
-        h.expire(100);
-        assert_eq!(h.len(), 1);
+        assert_eq!(h.len(), 3);
+        // A merged row under the same key replaces it; removing the old one keeps the new.
+        let old = h.pending().remove(0);
+        let (k, until, hashes) = row(b"a", 100, &[1, 2, 3, 5]);
+        h.add_pending(k, until, hashes);
+        h.remove_pending(&old);
+        assert!(h.recognises(3, 0));
+        h.remove_pending_key(b"a");
+        assert!(!h.recognises(3, 0));
+        assert_eq!((h.len(), h.memory_bytes()), (0, 0));
     }
 
     #[test]
     fn a_hash_is_recognised_whole_and_an_older_rows_tag_by_its_upper_half() {
         let h = Horizon::default();
         let k = 0xAAAA_BBBB_0000_0001;
-        h.add([k], 100);
+        let (key, until, hashes) = row(b"r", 100, &[k]);
+        h.add_pending(key, until, hashes);
         assert!(h.recognises(k, 0));
         // The same upper half, another key: not recognised by a whole hash.
         assert!(!h.recognises(k ^ 1, 0));
@@ -276,8 +338,6 @@ mod tests {
         assert_eq!(h.len(), 2);
         h.expire(50);
         assert_eq!(h.len(), 1);
-        h.expire(100);
-        assert_eq!(h.len(), 0);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::records::horizon::{
 use crate::records::key_index::{self, KeyIndex};
 use crate::records::overlay::Slot;
 use crate::records::partition::{Catalog, Partition, Partitions, partition_tables};
+use crate::records::recognised;
 use crate::records::summary::{self, SUMMARIES};
 use crate::stats::MemoryUse;
 use idemdb_core::retention::Rules;
@@ -45,7 +46,8 @@ impl Layout {
     /// The layout of an opened database: partitions from the table names, their filters
     /// where a filter row still holds (filter.rs), the key index rebuilt for the others from
     /// each partition's summary where it still holds (summary.rs) and by reading the keys of
-    /// the rest, the horizon sets still in force at `now`. Each map is allocated once, at the
+    /// the rest, the recognition rows in force at `now` that are not on disk by hash yet, and
+    /// older builds' tags. Each map is allocated once, at the
     /// size its count (taken first) needs.
     pub(crate) fn load(db: &Database, rules: Rules, seed: u64, now: u64) -> Result<Layout, Error> {
         let txn = db.begin_read()?;
@@ -54,7 +56,6 @@ impl Layout {
             filters,
             Counted {
                 records,
-                horizon_keys,
                 horizon_tags,
                 ..
             },
@@ -97,9 +98,10 @@ impl Layout {
         }
         let latest_write = copies_expire_by(&txn, &partitions, &index)?;
         let horizon = Horizon::default();
-        horizon.reserve(horizon_keys, horizon_tags);
-        horizon_rows(&txn, RECOGNISED, now, &mut |bytes, until| {
-            horizon.add(named(RECOGNISED, decode_hashes(bytes))?, until);
+        horizon.reserve_tags(horizon_tags);
+        pending_rows(&txn, &mut |key, until, bytes| {
+            let hashes: Vec<u64> = named(RECOGNISED, decode_hashes(bytes))?.collect();
+            horizon.add_pending(key.to_vec(), until, hashes.into());
             Ok(())
         })?;
         horizon_rows(&txn, HORIZON, now, &mut |bytes, until| {
@@ -142,9 +144,9 @@ impl Layout {
 }
 
 /// What the maps of a layout will hold: finished records stored outside the filtered
-/// partitions (a partition's length is in its B-tree's header), and the keys of the
-/// recognition rows in force at `now` (read: 8 bytes each) and the tags of older builds' rows
-/// (4 bytes each); and what the filters take.
+/// partitions (a partition's length is in its B-tree's header), the keys of the recognition
+/// rows that memory holds until they are on disk by hash (8 bytes each),
+/// and the tags of older builds' rows (4 bytes each); and what the filters take.
 struct Counted {
     records: u64,
     horizon_keys: u64,
@@ -208,7 +210,7 @@ fn count(
     }
     let filter_bytes = filters.iter().map(|(_, r)| r.filter.memory_bytes()).sum();
     let mut horizon_keys = 0u64;
-    horizon_rows(txn, RECOGNISED, now, &mut |bytes, _| {
+    pending_rows(txn, &mut |_, _, bytes| {
         horizon_keys += named(RECOGNISED, decode_hashes(bytes))?.count() as u64;
         Ok(())
     })?;
@@ -259,6 +261,38 @@ pub(crate) fn check_budget(
             records,
             horizon_keys: horizon_keys + horizon_tags,
         });
+    }
+    Ok(())
+}
+
+/// What [`pending_rows`] calls with each row's key, `until` and value.
+type PendingVisitor<'a> = dyn FnMut(&[u8], u64, &[u8]) -> Result<(), Error> + 'a;
+
+/// Calls `each` with every row of `idemdb_recognised` whose hashes are not all in the table
+/// of recognised keys (recognised.rs): those named unindexed, or every row of a file written
+/// before that table (the format upgrade names them all). Rows whose horizon passed are
+/// included: they are held (and counted) until the next pass retires them, as on disk.
+fn pending_rows(txn: &redb::ReadTransaction, each: &mut PendingVisitor<'_>) -> Result<(), Error> {
+    let rows = match txn.open_table(RECOGNISED) {
+        Ok(rows) => rows,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    match recognised::unindexed_rows(txn)? {
+        None => {
+            for row in rows.iter()? {
+                let (k, v) = row?;
+                each(k.value(), row_until(k.value())?, v.value())?;
+            }
+        }
+        Some(keys) => {
+            for key in keys {
+                // A mark whose row is gone is stale: nothing to hold.
+                if let Some(v) = rows.get(key.as_slice())? {
+                    each(&key, row_until(&key)?, v.value())?;
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! - partition.rs: partition names, a record's window, and the catalog;
 //! - memory.rs: what a hash map of so many entries costs;
 //! - key_index.rs: which partitions may hold a key;
-//! - horizon.rs: recognised keys of removed records, and their rows on disk;
+//! - recognised.rs: recognised keys on disk, by hash;
+//! - horizon.rs: recognised keys of removed records: their rows, and those held in memory;
 //! - summary.rs: what a closed partition holds, kept beside it for the open and the drop;
 //! - locate.rs: the layout loaded at open, and the lookup of a key;
 //! - overlay.rs: record writes durable in the log and not yet in redb;
@@ -26,6 +27,7 @@ pub(crate) mod locate;
 pub(crate) mod memory;
 pub(crate) mod overlay;
 pub(crate) mod partition;
+pub(crate) mod recognised;
 pub(crate) mod replay_cache;
 pub(crate) mod snapshot;
 pub(crate) mod summary;

@@ -22,6 +22,7 @@ use crate::records::locate::{
 };
 use crate::records::overlay::{Overlay, Slot};
 use crate::records::partition::{Catalog, Partition};
+use crate::records::recognised::{self, RECOGNISED_KEYS};
 use crate::shard::{SHARDS, shard_index};
 use idemdb_core::scope::RecordKey;
 
@@ -35,6 +36,8 @@ struct Tables {
     catalog: Arc<Catalog>,
     /// By position in `catalog`; `None` once known not to exist in this transaction.
     parts: Box<[OnceLock<Option<RecordsTable>>]>,
+    /// The recognised keys by hash (recognised.rs), opened by the first acquisition that asks.
+    recognised: OnceLock<Option<ReadOnlyTable<u64, u64>>>,
 }
 
 impl Tables {
@@ -47,9 +50,31 @@ impl Tables {
         Ok(Tables {
             inflight: txn.open_table(INFLIGHT)?,
             parts: catalog.parts().iter().map(|_| OnceLock::new()).collect(),
+            recognised: OnceLock::new(),
             catalog,
             txn,
         })
+    }
+
+    /// The `until` stored for `hash` in the recognised keys' table.
+    fn recognised_until(&self, hash: u64) -> Result<Option<u64>, Error> {
+        let table = match self.recognised.get() {
+            Some(t) => t,
+            None => {
+                let opened = match self.txn.open_table(RECOGNISED_KEYS) {
+                    Ok(t) => Some(t),
+                    // No drop or sweep kept a key yet.
+                    Err(redb::TableError::TableDoesNotExist(_)) => None,
+                    Err(e) => return Err(e.into()),
+                };
+                let _ = self.recognised.set(opened);
+                self.recognised.get().unwrap_or(&None)
+            }
+        };
+        match table {
+            Some(t) => recognised::until_of(t, hash),
+            None => Ok(None),
+        }
     }
 
     /// What this snapshot holds for `at.key` under the overlay's `slots` for it (the newest
@@ -210,6 +235,13 @@ impl Snapshots {
     /// Whether the in-flight table holds `key`, under `slots` as for [`find_under`].
     pub(crate) fn in_flight_under(&self, key: &RecordKey, slots: &[Slot]) -> Result<bool, Error> {
         self.with_tables(|t| t.in_flight(key, slots))
+    }
+
+    /// The `until` the newest snapshot's table of recognised keys holds for `hash`: the
+    /// writer asks it for a key about to be acquired as new, under its lock, after every
+    /// commit that wrote the table was installed (the writer's exclusive steps refresh).
+    pub(crate) fn recognised_until(&self, hash: u64) -> Result<Option<u64>, Error> {
+        self.with_tables(|t| t.recognised_until(hash))
     }
 
     fn with_tables<T>(&self, f: impl FnOnce(&Tables) -> Result<T, Error>) -> Result<T, Error> {

@@ -17,6 +17,7 @@ use crate::records::locate::{
 };
 use crate::records::overlay::{Slot, Written};
 use crate::records::partition::{Partition, PartitionId, PartitionName};
+use crate::records::recognised::{self, RECOGNISED_KEYS};
 use crate::records::snapshot::Snapshots;
 use crate::wal::Effect;
 use idemdb_core::scope::RecordKey;
@@ -295,9 +296,29 @@ impl<'t> Records<'t> {
 
     /// Whether a key about to be acquired as new is a duplicate older than its retention: a
     /// copy of it expired, or it was dropped and is still recognised.
-    pub(crate) fn beyond_horizon(&self, expired_copy: bool, hash: u64, now: u64) -> bool {
-        expired_copy
-            || (self.layout.rules.recognition() && self.layout.horizon.recognises(hash, now))
+    pub(crate) fn beyond_horizon(
+        &self,
+        expired_copy: bool,
+        hash: u64,
+        now: u64,
+    ) -> Result<bool, Error> {
+        if expired_copy {
+            return Ok(true);
+        }
+        if !self.layout.rules.recognition() {
+            return Ok(false);
+        }
+        if self.layout.horizon.recognises(hash, now) {
+            return Ok(true);
+        }
+        let until = match &self.base {
+            Base::Txn { parts, .. } => match parts.txn.open_table(RECOGNISED_KEYS) {
+                Ok(table) => recognised::until_of(&table, hash)?,
+                Err(e) => return Err(e.into()),
+            },
+            Base::Deferred { snapshots, .. } => snapshots.recognised_until(hash)?,
+        };
+        Ok(until.is_some_and(|until| now < until))
     }
 
     /// Every IN_PROGRESS record, for the format upgrade (a transaction's store only).

@@ -12,10 +12,11 @@ use crate::error::Error;
 use crate::record::{Record, RecordState};
 use crate::records::filter::{FILTERS, FilterRow};
 use crate::records::horizon::{
-    HORIZON, RECOGNISED, decode_hashes, decode_tags, is_source, row_source,
+    HORIZON, RECOGNISED, decode_hashes, decode_tags, is_source, row_source, row_until,
 };
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::{PartitionName, partition_names};
+use crate::records::recognised::{RECOGNISED_KEYS, UNINDEXED, unindexed_rows, until_of};
 use crate::records::summary::{SUMMARIES, Summary};
 use idemdb_core::scope::RecordKey;
 
@@ -141,6 +142,9 @@ impl<P: FnMut(u64)> Check<'_, P> {
                 HORIZON.name(),
                 SUMMARIES.name(),
                 FILTERS.name(),
+                RECOGNISED.name(),
+                RECOGNISED_KEYS.name(),
+                UNINDEXED.name(),
             ]
             .contains(&name.as_str())
             {
@@ -287,11 +291,22 @@ impl<P: FnMut(u64)> Check<'_, P> {
     /// `idemdb_horizon` (older builds').
     fn horizon(&mut self, txn: &ReadTransaction) -> Result<(), Error> {
         let name = RECOGNISED.name();
+        let unindexed = unindexed_rows(txn)?;
+        let keys = match txn.open_table(RECOGNISED_KEYS) {
+            Ok(keys) => Some(keys),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return self.unreadable(RECOGNISED_KEYS.name(), e),
+        };
         match txn.open_table(RECOGNISED) {
             Ok(table) => {
                 for row in table.iter()? {
                     let (k, v) = row?;
                     let decoded = decode_hashes(v.value()).map(Iterator::collect::<Vec<u64>>);
+                    if let (Ok(hashes), Some(keys), Some(unindexed)) = (&decoded, &keys, &unindexed)
+                        && !unindexed.iter().any(|u| u.as_slice() == k.value())
+                    {
+                        self.entered(k.value(), hashes, keys)?;
+                    }
                     self.horizon_row(name, k.value(), decoded)?;
                 }
             }
@@ -307,6 +322,37 @@ impl<P: FnMut(u64)> Check<'_, P> {
             let (k, v) = row?;
             let decoded = decode_tags(v.value()).map(Iterator::collect::<Vec<u32>>);
             self.horizon_row(name, k.value(), decoded)?;
+        }
+        Ok(())
+    }
+
+    /// A row in force that is not named unindexed: every hash of it is in the table of
+    /// recognised keys until the row's `until` or later (a missing one would be forgotten).
+    fn entered(
+        &mut self,
+        key: &[u8],
+        hashes: &[u64],
+        keys: &redb::ReadOnlyTable<u64, u64>,
+    ) -> Result<(), Error> {
+        let Ok(until) = row_until(key) else {
+            return Ok(()); // Listed by horizon_row.
+        };
+        if until <= self.now {
+            return Ok(());
+        }
+        let mut missing = 0u64;
+        for &hash in hashes {
+            if until_of(keys, hash)?.is_none_or(|stored| stored < until) {
+                missing += 1;
+            }
+        }
+        if missing > 0 {
+            let what = format!(
+                "{missing} of the row's {} hashes are not recognised until {until} in {}",
+                hashes.len(),
+                RECOGNISED_KEYS.name()
+            );
+            self.problem(RECOGNISED.name(), Some(key), what);
         }
         Ok(())
     }

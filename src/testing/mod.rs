@@ -137,6 +137,16 @@ pub fn before_next_widening_switch(db: &crate::db::IdemDb, hook: impl FnOnce() +
     *db.engine.before_widening_switch.lock() = Some(Box::new(hook));
 }
 
+/// Runs `hook` once, on the compacting thread, between the first two steps that enter a
+/// dropped row's keys in the table of recognised keys (docs/design.md §8.4): no lock of the
+/// writer is held, so `hook` may reserve (through a handle it owns).
+pub fn between_next_recognition_steps(
+    db: &crate::db::IdemDb,
+    hook: impl FnOnce() + Send + 'static,
+) {
+    *db.engine.between_recognition_steps.lock() = Some(Box::new(hook));
+}
+
 /// Runs `hook` once, on the writer's leader thread, when the next batch that changes a record
 /// reaches its durability point: applied, its transactions committed, its frame not yet
 /// written (it waits for `hook` to return).
@@ -219,4 +229,102 @@ pub fn filter_lookup_cost(filters: usize, keys: u64, lookups: u64) -> (f64, f64)
     let ns = started.elapsed().as_nanos() as f64 / lookups.max(1) as f64;
     let pairs = (lookups.max(1) * built.len().max(1) as u64) as f64;
     (ns, maybe as f64 / pairs)
+}
+
+/// What the table of recognised keys costs at size (docs/benchmarks.md §6), measured on a
+/// redb file of its own under the engine's default page cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecognitionCost {
+    /// File bytes per key held, after the table was filled.
+    pub file_bytes_per_key: f64,
+    /// Entering the dropped keys, in durable steps as a pass does: ms in all, and the
+    /// longest step (how long one step holds the writer).
+    pub enter_ms: f64,
+    pub longest_step_ms: f64,
+    /// Removing them again as a retiring pass does, in steps: ms in all.
+    pub retire_ms: f64,
+    /// Mean ns of a lookup of a hash the table does not hold (a fresh acquisition's cost)
+    /// and of one it holds.
+    pub absent_ns: f64,
+    pub present_ns: f64,
+}
+
+/// One step's work on the table of recognised keys.
+type StepFn<'a> =
+    dyn FnMut(&mut redb::Table<'_, u64, u64>, &[u64]) -> Result<(), crate::error::Error> + 'a;
+
+/// Fills the table of recognised keys in a new redb file at `path` with `held` random
+/// hashes, then enters `dropped` more (sorted, as a drop's) in the pass's steps, times
+/// `lookups` lookups of absent and of held hashes through read transactions, and retires the
+/// dropped ones again. Uses the engine's own functions for each.
+pub fn recognition_cost(
+    path: &std::path::Path,
+    held: u64,
+    dropped: u64,
+    lookups: u64,
+) -> Result<RecognitionCost, crate::error::Error> {
+    use crate::records::recognised::{INDEX_STEP, RECOGNISED_KEYS, index, unindex, until_of};
+    use redb::ReadableDatabase;
+    use std::time::Instant;
+    let hash = |n: u64| {
+        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let db = redb::Builder::new()
+        .set_cache_size(crate::config::PAGE_CACHE_BYTES)
+        .create(path)?;
+    // Filled in hash order, a million a commit (drops fill it in any order, leaving its
+    // pages less full: the file figure is a floor).
+    let until = u64::MAX;
+    let mut all: Vec<u64> = (0..held).map(hash).collect();
+    all.sort_unstable();
+    for chunk in all.chunks(1 << 20) {
+        let txn = db.begin_write()?;
+        index(&mut txn.open_table(RECOGNISED_KEYS)?, chunk, until)?;
+        txn.commit()?;
+    }
+    drop(all);
+    let file_bytes_per_key =
+        std::fs::metadata(path).map_or(f64::NAN, |m| m.len() as f64) / held.max(1) as f64;
+    let mut new: Vec<u64> = (0..dropped).map(|i| hash((1 << 62) | i)).collect();
+    new.sort_unstable();
+    let steps = |f: &mut StepFn<'_>| -> Result<(f64, f64), crate::error::Error> {
+        let began = Instant::now();
+        let mut longest = 0f64;
+        for step in new.chunks(INDEX_STEP) {
+            let t = Instant::now();
+            let txn = db.begin_write()?;
+            f(&mut txn.open_table(RECOGNISED_KEYS)?, step)?;
+            txn.commit()?;
+            longest = longest.max(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((began.elapsed().as_secs_f64() * 1e3, longest))
+    };
+    let (enter_ms, longest_step_ms) = steps(&mut |t, step| index(t, step, until))?;
+    let read = db.begin_read()?;
+    let table = read.open_table(RECOGNISED_KEYS)?;
+    let time = |of: &dyn Fn(u64) -> u64| -> Result<f64, crate::error::Error> {
+        let began = Instant::now();
+        let mut found = 0u64;
+        for i in 0..lookups {
+            found += u64::from(until_of(&table, of(i))?.is_some());
+        }
+        std::hint::black_box(found);
+        Ok(began.elapsed().as_nanos() as f64 / lookups.max(1) as f64)
+    };
+    let absent_ns = time(&|i| hash((3 << 61) | i))?;
+    let present_ns = time(&|i| hash(i.wrapping_mul(7_919) % held.max(1)))?;
+    drop(table);
+    drop(read);
+    let (retire_ms, _) = steps(&mut |t, step| unindex(t, step, until).map(drop))?;
+    Ok(RecognitionCost {
+        file_bytes_per_key,
+        enter_ms,
+        longest_step_ms,
+        retire_ms,
+        absent_ns,
+        present_ns,
+    })
 }

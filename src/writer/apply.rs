@@ -421,7 +421,7 @@ fn claim(
         Decision::Replay(r) => return Ok(Claim::Replay(r)),
         // A takeover is never beyond horizon: its record is live.
         Decision::TakeOver(rec) => (Some(rec), false),
-        Decision::Acquire => (None, records.beyond_horizon(found.expired, hash, now)),
+        Decision::Acquire => (None, records.beyond_horizon(found.expired, hash, now)?),
     };
     if beyond && records.layout.rules.policy == BeyondHorizonPolicy::Refuse {
         return Ok(Claim::Refused);

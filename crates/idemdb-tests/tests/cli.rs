@@ -551,6 +551,8 @@ fn damaged_meta_and_horizon_rows_are_refused_at_open() {
     const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemdb_meta");
     const HORIZON: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_horizon");
     const RECOGNISED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_recognised");
+    const UNINDEXED: TableDefinition<&[u8], ()> =
+        TableDefinition::new("idemdb_recognised_unindexed");
     /// What is damaged, how, the exit code and the message expected.
     type Case = (&'static str, fn(&Path), i32, &'static str);
     let cases: [Case; 5] = [
@@ -579,10 +581,11 @@ fn damaged_meta_and_horizon_rows_are_refused_at_open() {
             "the database is corrupt: horizon row key of 3 bytes",
         ),
         (
-            "a recognition row in force that is not whole hashes",
+            "a recognition row not yet entered by hash that is not whole hashes",
             |path| {
                 let key = [&u64::MAX.to_be_bytes()[..], b"idemdb_inflight@1"].concat();
-                write_raw(path, RECOGNISED, key.as_slice(), &[1u8, 2, 3][..])
+                write_raw(path, RECOGNISED, key.as_slice(), &[1u8, 2, 3][..]);
+                write_raw(path, UNINDEXED, key.as_slice(), ());
             },
             6,
             "idemdb_recognised: set of 3 bytes is not whole 8-byte hashes",

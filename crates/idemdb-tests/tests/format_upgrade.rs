@@ -161,8 +161,8 @@ fn upgrades_from(version: u32) {
     assert!(db.complete(&done, b"again".to_vec()).is_err());
     drop(db);
 
-    // The file is version 6 now, with its in-flight and horizon tables, and its log recorded.
-    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
+    // The file is version 7 now, with its in-flight and horizon tables, and its log recorded.
+    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let names = table_names(&read);
@@ -209,7 +209,7 @@ fn version_3_files_are_upgraded_on_open() {
         ReserveOutcome::Completed(b"ok".to_vec())
     );
     drop(db);
-    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
 }
 
 /// Version 4 did not record its log, and the log's header (version 1) had no identity of its
@@ -262,7 +262,7 @@ fn version_4_files_replay_their_log_and_are_upgraded() {
     acks.check_outcomes(&db);
     acks.check_tokens(&db, "probe-v4");
     drop(db);
-    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
     let log = std::fs::read(&log_path).unwrap();
     assert_eq!(u32::from_le_bytes(log[8..12].try_into().unwrap()), 2);
     let db = open_worker_db(&path).unwrap();
@@ -271,7 +271,7 @@ fn version_4_files_replay_their_log_and_are_upgraded() {
 
 /// Version 5 stored records without a checksum (record version 2). A version-5 file killed
 /// with frames in its log (whose records are of either version) replays them, then every
-/// record is rewritten as version 3 and the file becomes version 6; what was acknowledged is
+/// record is rewritten as version 3 and the file becomes version 7; what was acknowledged is
 /// all there, and tokens still never repeat.
 #[test]
 fn version_5_records_are_checksummed_on_open() {
@@ -308,7 +308,7 @@ fn version_5_records_are_checksummed_on_open() {
     let report = db.verify(10, |_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     drop(db);
-    assert_eq!(format_version(&path), Some(6u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     for name in table_names(&read)

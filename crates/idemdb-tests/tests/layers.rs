@@ -47,7 +47,10 @@ const IDEMDB: &[(&str, &[&str])] = &[
     ),
     ("the engine's shared state", &["engine"]),
     ("the group-commit writer", &["writer"]),
-    ("background work above the writer", &["compactor", "widen"]),
+    (
+        "background work above the writer",
+        &["compactor", "widen", "recognition"],
+    ),
     ("the handle and its builder", &["settings", "db", "builder"]),
     ("the public operations", &["ops"]),
     ("test hooks (feature test-hooks)", &["testing"]),

@@ -43,6 +43,8 @@ pub struct Report {
     /// What asking the filters alone costs a lookup: (filters, keys each, ns per lookup
     /// asking all, false "maybe" rate).
     pub filters: Vec<(usize, u64, f64, f64)>,
+    /// The table of recognised keys: (keys held, keys a drop enters, its costs).
+    pub recognition: Vec<(u64, u64, idemdb::testing::RecognitionCost)>,
 }
 
 fn mib(bytes: f64) -> String {
@@ -196,6 +198,38 @@ impl Report {
                         fmt_val(Some(keys as f64), 0),
                         format!("{ns:.0}"),
                         format!("{:.2} %", rate * 100.0),
+                    ],
+                );
+            }
+        }
+        if !self.recognition.is_empty() {
+            md.push_str(
+                "\nThe table of recognised keys alone (`idemdb::testing::recognition_cost`, \
+                 the default page cache): a drop's keys entered in the pass's steps and retired \
+                 again; lookups through a read transaction.\n\n",
+            );
+            table_row(
+                &mut md,
+                &[
+                    "keys held",
+                    "file, bytes/key",
+                    "keys entered",
+                    "enter, ms (longest step)",
+                    "retire, ms",
+                    "lookup absent / held, µs",
+                ],
+            );
+            table_row(&mut md, &["--:"; 6]);
+            for (held, dropped, c) in &self.recognition {
+                table_row(
+                    &mut md,
+                    &[
+                        fmt_val(Some(*held as f64), 0),
+                        format!("{:.1}", c.file_bytes_per_key),
+                        fmt_val(Some(*dropped as f64), 0),
+                        format!("{:.0} ({:.0})", c.enter_ms, c.longest_step_ms),
+                        format!("{:.0}", c.retire_ms),
+                        format!("{} / {}", us(c.absent_ns), us(c.present_ns)),
                     ],
                 );
             }

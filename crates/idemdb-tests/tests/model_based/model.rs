@@ -421,16 +421,18 @@ impl Model {
     }
 
     /// Records stored now (live or expired), of those in flight, partitions, and recognised
-    /// keys: the `Stats` fields read at call time.
+    /// keys: the `Stats` fields read at call time. A recognised key is counted while a row
+    /// holding it is on disk (until the pass after its horizon), across reopens.
     pub fn stored(&self) -> (u64, u64, u64, u64) {
         let in_flight = self.inflight.len() as u64;
         let finished: u64 = self.parts.values().map(|p| p.len() as u64).sum();
         let parts = self.parts.len() as u64;
+        let recognised: BTreeSet<Id> = self.horizon_rows.iter().map(|&(_, id)| id).collect();
         (
             in_flight + finished,
             in_flight,
             parts,
-            self.horizon.len() as u64,
+            recognised.len() as u64,
         )
     }
 
