@@ -20,6 +20,11 @@
 //!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers;
 //!    then the same again, the recovering open with `verify_on_open`.
 //!
+//! Then, apart from the stores: the wide partitions' filters alone, and the table of
+//! recognised keys alone (`IDEMDB_SCALE_RECOGNITION=held:entered,...`; default 30M:420k and
+//! 150M:2.1M, what factor 4 keeps of a 24 h TTL at 10M and 50M records a day, and an hour's
+//! drop).
+//!
 //! Each measurement runs in a process of its own (this binary, `IDEMDB_SCALE_PROBE` set), so
 //! nothing the load left in memory is counted. Not criterion: every figure is one process's
 //! one run. Run by hand, not in CI's time: `cargo bench -p idemdb-bench --bench scale` (about
