@@ -7,10 +7,11 @@
 //! commit. Memory lets a row go only in the commit step that enters its last hashes, and a
 //! retiring step removes a hash only if its stored `until` has passed.
 
-use redb::{ReadableDatabase, ReadableTable, TableHandle};
+use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Error;
 use crate::records::horizon::{HORIZON, RECOGNISED, decode_hashes, row_until};
+use crate::records::locate::named;
 use crate::records::recognised::{INDEX_STEP, RECOGNISED_KEYS, index, mark_indexed, unindex};
 use crate::writer::{Touches, Writer};
 
@@ -91,14 +92,7 @@ pub(crate) fn retire_horizon(writer: &Writer, now: u64) -> Result<u64, Error> {
         let hashes: Vec<u64> = {
             let txn = engine.db.begin_read()?;
             match txn.open_table(RECOGNISED)?.get(key.as_slice())? {
-                Some(v) => decode_hashes(v.value())
-                    .map_err(|e| match e {
-                        Error::Corrupted(why) => {
-                            Error::Corrupted(format!("{}: {why}", RECOGNISED.name()))
-                        }
-                        other => other,
-                    })?
-                    .collect(),
+                Some(v) => named(RECOGNISED, decode_hashes(v.value()))?.collect(),
                 None => Vec::new(),
             }
         };

@@ -324,7 +324,10 @@ fn horizon_rows(
 }
 
 /// A row value's decoding, its failure named as `table`'s.
-fn named<T>(table: TableDefinition<&[u8], &[u8]>, decoded: Result<T, Error>) -> Result<T, Error> {
+pub(crate) fn named<T>(
+    table: TableDefinition<&[u8], &[u8]>,
+    decoded: Result<T, Error>,
+) -> Result<T, Error> {
     decoded.map_err(|e| match e {
         Error::Corrupted(why) => Error::Corrupted(format!("{}: {why}", table.name())),
         other => other,
