@@ -375,8 +375,11 @@ fn token_bound_of(effect: &EffectRef<'_>) -> u64 {
     }
 }
 
+/// Whether `name` may be a table of records: the in-flight table or any name with the
+/// partition prefix. A superset is safe (a bound taken from more values only raises the token
+/// ceiling) and checking the prefix spares a parse per effect of a whole log.
 fn is_record_table(name: &str) -> bool {
-    name == redb::TableHandle::name(&INFLIGHT) || PartitionName::parse(name).is_some()
+    name == redb::TableHandle::name(&INFLIGHT) || PartitionName::is_partition_table(name)
 }
 
 type MetaTable<'t> = redb::Table<'t, &'static str, &'static [u8]>;

@@ -226,14 +226,15 @@ impl IdemDb {
         let engine = &*self.engine;
         let now = engine.clock.now_ms();
         let hash = engine.layout.index.hash(key.as_bytes());
-        if let Some(cached) = engine.replays.get(key, hash).filter(|r| !r.is_expired(now))
+        // The generation is read with the probe, before the snapshot: a fill must not outlive
+        // a change committed after it.
+        let (cached, seen) = engine.replays.get(key, hash);
+        if let Some(cached) = cached.filter(|r| !r.is_expired(now))
             && let Decision::Replay(r) = decide(Some(cached), fingerprint, now)
             && engine.durability.pending_for(key).is_none()
         {
             return Ok(Some(r));
         }
-        // Read before the snapshot: a fill must not outlive a change committed after it.
-        let seen = engine.replays.generation(hash);
         let existing = engine.snapshots.find(key, now)?.live;
         // A live finished record is always answered as a replay (`decide`), so it is filled
         // exactly when it is answered: when it is durable. `fill` skips IN_PROGRESS ones.

@@ -16,7 +16,7 @@
 //! A filter that lost a key would hide a record, so a row whose checksum or shape is wrong is
 //! never used.
 
-use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use redb::{TableDefinition, TableHandle, WriteTransaction};
 
 use crate::error::Error;
 use crate::records::head::{HEAD_LEN, TableHead, le_u64};
@@ -267,17 +267,6 @@ impl FilterRow {
                 fingerprints: fingerprints.into(),
             },
         })
-    }
-}
-
-/// The row of partition table `table`, if there is one.
-pub(crate) fn read(
-    rows: &impl ReadableTable<&'static str, &'static [u8]>,
-    table: &str,
-) -> Result<Option<FilterRow>, Error> {
-    match rows.get(table)? {
-        Some(v) => Ok(Some(FilterRow::decode(v.value(), table)?)),
-        None => Ok(None),
     }
 }
 

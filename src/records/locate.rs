@@ -5,6 +5,8 @@
 //! Expiry is checked here, on every read: an expired record is reported as expired, never as
 //! live, whether or not its partition was dropped yet.
 
+use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,7 +17,7 @@ use redb::{
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
 use crate::record::Record;
-use crate::records::filter::{self, FILTERS, FilterRow};
+use crate::records::filter::{FILTERS, FilterRow};
 use crate::records::horizon::{
     self, HORIZON, Horizon, RECOGNISED, decode_hashes, decode_tags, row_until,
 };
@@ -96,7 +98,17 @@ impl Layout {
                 }
             }
         }
-        let latest_write = copies_expire_by(&txn, &partitions, &index)?;
+        // Every record in a partition was written within the partition's window (its
+        // `updated_at` names the window), so the windows' ends bound the writes before the
+        // open: a lookup that stops at a live copy never misses a newer one written earlier.
+        let windows_end = partitions
+            .catalog()
+            .parts()
+            .iter()
+            .map(|p| p.name.start.saturating_add(p.name.width))
+            .max()
+            .unwrap_or(0);
+        let latest_write = copies_expire_by(&txn, &partitions, &index)?.max(windows_end);
         let horizon = Horizon::default();
         horizon.reserve_tags(horizon_tags);
         pending_rows(&txn, &mut |key, until, bytes| {
@@ -185,11 +197,20 @@ fn filters_that_hold(
         Err(e) => return Err(e.into()),
     };
     let hash = |k: &[u8]| key_index::index_hash(seed, k);
+    let catalog = partitions.catalog();
+    let parts: HashMap<&str, &Arc<Partition>> =
+        catalog.parts().iter().map(|p| (&*p.table, p)).collect();
     let mut held = Vec::new();
-    for part in partitions.catalog().parts() {
-        if let Some(row) = filter::read(&rows, &part.table)?
-            && row.head.holds_for(&txn.open_table(part.table())?, hash)?
-        {
+    // One pass over the rows: a lookup per partition would read, for every table without a
+    // row, the leaf where its name would be, and a leaf holding a filter is megabytes long.
+    for row in rows.iter()? {
+        let (table, bytes) = row?;
+        let Some(part) = parts.get(table.value()) else {
+            // A row left by a table no longer there: never used.
+            continue;
+        };
+        let row = FilterRow::decode(bytes.value(), table.value())?;
+        if row.head.holds_for(&txn.open_table(part.table())?, hash)? {
             held.push((Arc::clone(part), row));
         }
     }
@@ -334,10 +355,10 @@ pub(crate) fn named<T>(
     })
 }
 
-/// The bound [`Layout::latest_write`] starts from at open: the latest expiry of a finished
-/// record whose key was acquired again (an IN_PROGRESS copy beside it). A write that acquired
-/// over an expired copy happened at or after that copy's expiry; nothing else at open needs
-/// the bound, as a lookup compares every partition copy of a key anyway.
+/// Part of the bound [`Layout::latest_write`] starts from at open: the latest expiry of a
+/// finished record whose key was acquired again (an IN_PROGRESS copy beside it). A write that
+/// acquired over an expired copy happened at or after that copy's expiry. (The partitions'
+/// windows bound the finished copies' writes.)
 fn copies_expire_by(
     txn: &redb::ReadTransaction,
     partitions: &Partitions,
@@ -361,7 +382,7 @@ fn copies_expire_by(
             if let Ok(Some(rec)) = get_in(table, &key) {
                 latest = latest.max(rec.expires_at);
             }
-            Ok(())
+            Ok(ControlFlow::Continue(()))
         })?;
     }
     Ok(latest)
@@ -433,15 +454,18 @@ pub(crate) fn find(
     at: &Lookup<'_>,
     probe: Probe,
 ) -> Result<Found, Error> {
-    let mut found = Found::default();
-    in_partitions(&mut found, parts, at)?;
-    let look_further = match probe {
-        Probe::All => true,
+    // A live finished record that expires after `latest_write` is the newest copy of its key
+    // (see `Probe::UntilLive`): the partitions not asked yet can only hold older ones.
+    let settled = |found: &Found| match probe {
+        Probe::All => false,
         Probe::UntilLive { latest_write } => found
             .live
             .as_ref()
-            .is_none_or(|live| live.expires_at <= latest_write),
+            .is_some_and(|live| live.expires_at > latest_write),
     };
+    let mut found = Found::default();
+    in_partitions(&mut found, parts, at, settled)?;
+    let look_further = !settled(&found);
     if look_further && let Some(rec) = inflight()? {
         found.consider(rec, at.now);
     }
@@ -485,39 +509,50 @@ impl<R: PartitionReader> PartitionReader for Layered<'_, R> {
     }
 }
 
+/// Reads the key from the partitions that may hold it, until `settled` says what was found
+/// is the answer.
 fn in_partitions(
     found: &mut Found,
     parts: Partitioned<'_, impl PartitionReader>,
     at: &Lookup<'_>,
+    settled: impl Fn(&Found) -> bool,
 ) -> Result<(), Error> {
     holders(parts.catalog, parts.index, at.hash, |part| {
         if let Some(rec) = parts.reader.get(part, at.key)? {
             found.consider(rec, at.now);
         }
-        Ok(())
+        Ok(if settled(found) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        })
     })
 }
 
 /// Calls `each` with every partition of `catalog` that may hold the key whose index hash is
-/// `hash`, once each: those the key index names (ids no longer in the catalog skipped), then
-/// the filtered ones whose filter says it may.
+/// `hash`, once each, until it breaks: those the key index names (ids no longer in the
+/// catalog skipped), then the filtered ones whose filter says it may, the newest first (a
+/// retry comes soon after its first answer, and a replay stops at the copy it answers).
 pub(crate) fn holders(
     catalog: &Catalog,
     index: &KeyIndex,
     hash: u64,
-    mut each: impl FnMut(&Partition) -> Result<(), Error>,
+    mut each: impl FnMut(&Partition) -> Result<ControlFlow<()>, Error>,
 ) -> Result<(), Error> {
     let named = index.candidates(hash);
     for id in named.ids() {
-        if let Some(part) = catalog.get(id) {
-            each(part)?;
+        if let Some(part) = catalog.get(id)
+            && each(part)?.is_break()
+        {
+            return Ok(());
         }
     }
-    for part in catalog.filtered() {
+    for part in catalog.filtered().iter().rev() {
         if part.filter().is_some_and(|f| f.may_contain(hash))
             && !named.ids().any(|id| id == part.id)
+            && each(part)?.is_break()
         {
-            each(part)?;
+            return Ok(());
         }
     }
     Ok(())

@@ -12,104 +12,216 @@
 //! - A hit is still judged at the caller's `now`: an expired entry is a miss, and the caller
 //!   takes the snapshot path, which knows about copies, horizons and clocks gone back.
 //!
-//! Bounded by bytes (keys + responses + a fixed overhead per entry), evicted first in, first
-//! out per shard: retries of an intent come soon after its first answer.
-
-use std::collections::{HashMap, VecDeque};
+//! Bounded by bytes it really holds: each shard writes its entries one after another into a
+//! ring of bytes allocated once and evicts the oldest to make room (first in, first out:
+//! retries of an intent come soon after its first answer), and finds them through a fixed
+//! array of slots, two per set, chosen by the hash. No entry is an allocation of its own and
+//! eviction only moves the ring's tail: a slot whose position the tail passed is empty.
 
 use parking_lot::RwLock;
 
 use crate::record::Record;
+use idemdb_core::fencing::FencingToken;
+use idemdb_core::fingerprint::Fingerprint;
 use idemdb_core::scope::RecordKey;
 use idemdb_core::state::RecordState;
 
 const SHARDS: usize = 64;
-/// What an entry costs beside its key and response: the record's fixed fields, the map slot
-/// and the queue slot.
-const ENTRY_OVERHEAD: usize = 128;
 
-/// The key and the response share one allocation: a hit touches the map's slot and it.
-struct Entry {
-    /// The record, its response moved to `key_then_response`.
-    record: Record,
-    key_len: usize,
-    key_then_response: Box<[u8]>,
+/// An entry in a ring: its hash, its length (this header included), its key's length, the
+/// record's fixed fields, then the key and the response. A key length of `PADDING` marks the
+/// bytes skipped to the ring's end when an entry did not fit before it.
+const ENTRY_HEAD: usize = 8 + 4 + 4;
+const FIELDS: usize = 1 + 16 + 8 + 8 + 8 + 8 + 4 + 8;
+const PADDING: u32 = u32::MAX;
+
+/// Ring bytes per slot: a slot (its position, 8 bytes, and its tag, 4) for every 128 bytes
+/// of ring or less (the sets are rounded up to a power of two): 2.5 to 5 slots per entry of a
+/// 200-byte response.
+const RING_PER_SLOT: usize = 128;
+const SLOT_BYTES: usize = 8 + 4;
+const WAYS: usize = 2;
+
+/// Which of a shard's sets a hash's slots are in (its low bits: the shard is its top six)
+/// and the tag kept beside them (bits neither picks).
+fn set_of(hash: u64, sets: usize) -> usize {
+    hash as usize & (sets - 1)
 }
 
-impl Entry {
-    fn new(key: &RecordKey, record: &Record) -> Entry {
-        let key = key.as_bytes();
-        let mut bytes = Vec::with_capacity(key.len() + record.response.len());
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(&record.response);
-        Entry {
-            record: with_response(record, Vec::new()),
-            key_len: key.len(),
-            key_then_response: bytes.into_boxed_slice(),
-        }
-    }
-
-    fn key(&self) -> &[u8] {
-        &self.key_then_response[..self.key_len]
-    }
-
-    fn record(&self) -> Record {
-        with_response(
-            &self.record,
-            self.key_then_response[self.key_len..].to_vec(),
-        )
-    }
-
-    fn bytes(&self) -> usize {
-        self.key_then_response.len() + ENTRY_OVERHEAD
-    }
-}
-
-/// `record`'s fields with `response`, without copying its own.
-fn with_response(record: &Record, response: Vec<u8>) -> Record {
-    Record {
-        state: record.state,
-        fingerprint: record.fingerprint,
-        token: record.token,
-        lease_expires_at: record.lease_expires_at,
-        created_at: record.created_at,
-        updated_at: record.updated_at,
-        attempts: record.attempts,
-        expires_at: record.expires_at,
-        response,
-    }
+fn tag_of(hash: u64) -> u32 {
+    (hash >> 26) as u32
 }
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<u64, Entry>,
-    /// Hashes in fill order; may hold hashes no longer in `entries`.
-    order: VecDeque<u64>,
-    bytes: usize,
+    /// Entries back to back, at positions `tail..head` modulo its length; allocated (zeroed,
+    /// so untouched pages cost nothing) at the first fill, with the slots.
+    ring: Vec<u8>,
+    /// 1 + the position of an entry, 0 for none: `WAYS` slots per set. A slot is in use while
+    /// its position is at least `tail` (no entry there was overwritten since).
+    slots: Vec<u64>,
+    tags: Vec<u32>,
+    /// Where the next entry goes and where the oldest one starts, counted from the ring's
+    /// first fill: positions modulo the ring's length are offsets in it. `head - tail` never
+    /// exceeds the length.
+    head: u64,
+    tail: u64,
     /// Bumped by every invalidation: a fill read before it is refused.
     generation: u64,
 }
 
 impl Shard {
-    fn remove(&mut self, hash: u64) {
-        if let Some(old) = self.entries.remove(&hash) {
-            self.bytes -= old.bytes();
-        }
+    fn offset(&self, position: u64) -> usize {
+        position.checked_rem(self.ring.len() as u64).unwrap_or(0) as usize
     }
 
-    fn evict_to(&mut self, budget: usize) {
-        while self.bytes > budget {
-            let Some(hash) = self.order.pop_front() else {
-                break;
-            };
-            self.remove(hash);
+    /// The entry slot `i` points at, if it is in use and its tag is `tag`.
+    fn entry_in(&self, i: usize, tag: u32) -> Option<(u64, &[u8])> {
+        let position = self.slots.get(i)?.checked_sub(1)?;
+        if position < self.tail || self.tags.get(i) != Some(&tag) {
+            return None;
         }
-        // Stale hashes (invalidated entries) must not grow the queue without bound.
-        if self.order.len() > 2 * self.entries.len() + 64 {
-            let entries = &self.entries;
-            self.order.retain(|h| entries.contains_key(h));
-        }
+        Some((position, self.entry_at(position)?))
     }
+
+    /// The bytes of the entry at `position`, if it is one (not padding) and whole.
+    fn entry_at(&self, position: u64) -> Option<&[u8]> {
+        let at = self.offset(position);
+        let head = self.ring.get(at..at + ENTRY_HEAD)?;
+        let len = u32_at(head, 8)? as usize;
+        if u32_at(head, 12)? == PADDING {
+            return None;
+        }
+        self.ring.get(at..at + len)
+    }
+
+    /// The slot of `hash` in use, if any, and its entry.
+    fn slot_of(&self, hash: u64, sets: usize) -> Option<(usize, &[u8])> {
+        let first = set_of(hash, sets) * WAYS;
+        (first..first + WAYS).find_map(|i| {
+            self.entry_in(i, tag_of(hash))
+                .filter(|(_, e)| u64_at(e, 0) == Some(hash))
+                .map(|(_, e)| (i, e))
+        })
+    }
+
+    /// The slot a new entry of `hash` takes: the one holding `hash`, else a free one, else the
+    /// one holding the older entry.
+    fn slot_for(&self, hash: u64, sets: usize) -> usize {
+        let first = set_of(hash, sets) * WAYS;
+        self.slot_of(hash, sets).map_or_else(
+            || {
+                (first..first + WAYS)
+                    .min_by_key(|&i| match self.slots[i].checked_sub(1) {
+                        Some(p) if p >= self.tail => p + 1,
+                        _ => 0,
+                    })
+                    .unwrap_or(first)
+            },
+            |(i, _)| i,
+        )
+    }
+
+    /// Moves `tail` past the oldest entry (or the padding there).
+    fn evict_oldest(&mut self) {
+        let at = self.offset(self.tail);
+        let left = self.ring.len() - at;
+        // Too few bytes before the end for an entry: skipped when the one after was written.
+        let len = self
+            .ring
+            .get(at..at + ENTRY_HEAD)
+            .and_then(|head| u32_at(head, 8))
+            .map_or(left, |l| (l as usize).clamp(1, left));
+        self.tail += len as u64;
+    }
+
+    /// Makes room for `len` bytes at `head` (skipping to the ring's start if they do not fit
+    /// before its end); returns where they go.
+    fn make_room(&mut self, len: usize) -> u64 {
+        let at = self.offset(self.head);
+        let skip = if at + len > self.ring.len() {
+            self.ring.len() - at
+        } else {
+            0
+        };
+        let end = self.head + (skip + len) as u64;
+        while self.tail < self.head && end - self.tail > self.ring.len() as u64 {
+            self.evict_oldest();
+        }
+        if self.tail == self.head {
+            // Empty: start the next entry at the ring's start.
+            let start = self.head + (self.ring.len() - at) as u64 % self.ring.len() as u64;
+            self.head = start;
+            self.tail = start;
+            return start;
+        }
+        if skip >= ENTRY_HEAD {
+            let pad = &mut self.ring[at..at + ENTRY_HEAD];
+            pad[8..12].copy_from_slice(&(skip as u32).to_le_bytes());
+            pad[12..16].copy_from_slice(&PADDING.to_le_bytes());
+        }
+        self.head += skip as u64;
+        self.head
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Writes `record` under `key` and `hash` into `out` (exactly [`entry_len`] bytes).
+fn write_entry(out: &mut [u8], hash: u64, key: &[u8], record: &Record) {
+    let mut fields = [0u8; ENTRY_HEAD + FIELDS];
+    let mut w = 0;
+    let mut put = |bytes: &[u8]| {
+        fields[w..w + bytes.len()].copy_from_slice(bytes);
+        w += bytes.len();
+    };
+    put(&hash.to_le_bytes());
+    put(&(out.len() as u32).to_le_bytes());
+    put(&(key.len() as u32).to_le_bytes());
+    put(&[record.state.to_byte()]);
+    put(&record.fingerprint.as_u128().to_le_bytes());
+    put(&record.token.get().to_le_bytes());
+    put(&record.lease_expires_at.to_le_bytes());
+    put(&record.created_at.to_le_bytes());
+    put(&record.updated_at.to_le_bytes());
+    put(&record.attempts.to_le_bytes());
+    put(&record.expires_at.to_le_bytes());
+    let (head, rest) = out.split_at_mut(ENTRY_HEAD + FIELDS);
+    head.copy_from_slice(&fields);
+    let (k, response) = rest.split_at_mut(key.len());
+    k.copy_from_slice(key);
+    response.copy_from_slice(&record.response);
+}
+
+fn entry_len(key: &[u8], record: &Record) -> usize {
+    ENTRY_HEAD + FIELDS + key.len() + record.response.len()
+}
+
+/// The record in `entry` if it was written for `key` (another key with the same hash: none).
+fn read_entry(entry: &[u8], key: &[u8]) -> Option<Record> {
+    let key_len = u32_at(entry, 12)? as usize;
+    let body = ENTRY_HEAD + FIELDS;
+    if entry.get(body..body + key_len)? != key {
+        return None;
+    }
+    let f = entry.get(ENTRY_HEAD..body)?;
+    Some(Record {
+        state: RecordState::from_byte(f[0])?,
+        fingerprint: Fingerprint::from_u128(u128::from_le_bytes(f.get(1..17)?.try_into().ok()?)),
+        token: FencingToken::new(u64_at(f, 17)?)?,
+        lease_expires_at: u64_at(f, 25)?,
+        created_at: u64_at(f, 33)?,
+        updated_at: u64_at(f, 41)?,
+        attempts: u32_at(f, 49)?,
+        expires_at: u64_at(f, 53)?,
+        response: entry.get(body + key_len..)?.to_vec(),
+    })
 }
 
 /// A shard's generation as a reader saw it before it took its snapshot.
@@ -118,16 +230,30 @@ pub(crate) struct Generation(u64);
 
 pub(crate) struct ReplayCache {
     shards: Box<[RwLock<Shard>]>,
-    /// Bytes each shard may hold; 0: the cache is off.
-    shard_budget: usize,
+    /// Bytes of each shard's ring; 0: the cache is off.
+    ring_bytes: usize,
+    /// Sets of `WAYS` slots per shard: a power of two.
+    sets: usize,
 }
 
 impl ReplayCache {
     /// A cache of at most about `bytes` (0: off).
     pub(crate) fn new(bytes: usize) -> ReplayCache {
+        let shard = bytes / SHARDS;
+        let slots = shard / (RING_PER_SLOT + SLOT_BYTES);
+        // Rounded up: at most twice the slots asked for, under a fifth of the bytes.
+        let sets = match slots / WAYS {
+            0 => 0,
+            n => n.next_power_of_two(),
+        };
         ReplayCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
-            shard_budget: bytes / SHARDS,
+            ring_bytes: if sets == 0 {
+                0
+            } else {
+                shard - sets * WAYS * SLOT_BYTES
+            },
+            sets,
         }
     }
 
@@ -136,21 +262,25 @@ impl ReplayCache {
     }
 
     fn enabled(&self) -> bool {
-        self.shard_budget > 0
+        self.ring_bytes > 0
     }
 
-    /// The cached finished record of `key`, if any (whatever its expiry).
-    pub(crate) fn get(&self, key: &RecordKey, hash: u64) -> Option<Record> {
+    /// The cached finished record of `key`, if any (whatever its expiry), and the shard's
+    /// generation as of the probe (what [`generation`](Self::generation) would read).
+    pub(crate) fn get(&self, key: &RecordKey, hash: u64) -> (Option<Record>, Generation) {
         if !self.enabled() {
-            return None;
+            return (None, Generation(0));
         }
         let shard = self.shard(hash).read();
-        let entry = shard.entries.get(&hash)?;
-        (entry.key() == key.as_bytes()).then(|| entry.record())
+        let record = shard
+            .slot_of(hash, self.sets)
+            .and_then(|(_, entry)| read_entry(entry, key.as_bytes()));
+        (record, Generation(shard.generation))
     }
 
-    /// Read before the snapshot the record to fill with comes from.
-    pub(crate) fn generation(&self, hash: u64) -> Generation {
+    /// The shard's generation alone (`get` reads it with the probe).
+    #[cfg(test)]
+    fn generation(&self, hash: u64) -> Generation {
         Generation(self.shard(hash).read().generation)
     }
 
@@ -160,19 +290,27 @@ impl ReplayCache {
         if !self.enabled() || record.state == RecordState::InProgress {
             return;
         }
-        let entry = Entry::new(key, record);
-        if entry.bytes() > self.shard_budget {
+        let len = entry_len(key.as_bytes(), record);
+        if len > self.ring_bytes || u32::try_from(len).is_err() {
             return;
         }
         let mut shard = self.shard(hash).write();
         if shard.generation != seen.0 {
             return;
         }
-        shard.remove(hash);
-        shard.bytes += entry.bytes();
-        shard.entries.insert(hash, entry);
-        shard.order.push_back(hash);
-        shard.evict_to(self.shard_budget);
+        if shard.ring.is_empty() {
+            shard.ring = vec![0; self.ring_bytes];
+            shard.slots = vec![0; self.sets * WAYS];
+            shard.tags = vec![0; self.sets * WAYS];
+        }
+        let position = shard.make_room(len);
+        let at = shard.offset(position);
+        write_entry(&mut shard.ring[at..at + len], hash, key.as_bytes(), record);
+        shard.head = position + len as u64;
+        // Chosen after the eviction: a slot whose entry it passed is free.
+        let i = shard.slot_for(hash, self.sets);
+        shard.slots[i] = position + 1;
+        shard.tags[i] = tag_of(hash);
     }
 
     /// Forgets `key` (the writer changed it) and refuses fills read before now.
@@ -182,13 +320,24 @@ impl ReplayCache {
         }
         let mut shard = self.shard(hash).write();
         shard.generation += 1;
-        shard.remove(hash);
+        if let Some((i, _)) = shard.slot_of(hash, self.sets) {
+            shard.slots[i] = 0;
+        }
     }
 
     /// Records held.
-    #[cfg(feature = "test-hooks")]
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().entries.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.read();
+                s.slots
+                    .iter()
+                    .filter(|&&p| p.checked_sub(1).is_some_and(|p| p >= s.tail))
+                    .count()
+            })
+            .sum()
     }
 
     /// Forgets everything and refuses fills read before now (records were rewritten or
@@ -197,15 +346,21 @@ impl ReplayCache {
         for shard in self.shards.iter() {
             let mut shard = shard.write();
             shard.generation += 1;
-            shard.entries.clear();
-            shard.order.clear();
-            shard.bytes = 0;
+            let head = shard.head;
+            shard.tail = head;
         }
     }
 
+    /// The bytes the shards hold: their rings and slots.
     #[cfg(test)]
     fn bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.read().bytes).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.read();
+                s.ring.len() + s.slots.len() * 8 + s.tags.len() * 4
+            })
+            .sum()
     }
 }
 
@@ -214,6 +369,7 @@ mod tests {
     use super::*;
     use idemdb_core::fingerprint::Fingerprint;
     use idemdb_core::scope::{Key, Scope};
+    use std::collections::HashMap;
 
     fn key(i: u32) -> RecordKey {
         RecordKey::encode(
@@ -250,12 +406,12 @@ mod tests {
         let seen = cache.generation(h);
         cache.invalidate(h);
         cache.fill(&k, h, &record(RecordState::Completed, b"old"), seen);
-        assert!(cache.get(&k, h).is_none());
+        assert!(cache.get(&k, h).0.is_none());
         let seen = cache.generation(h);
         cache.fill(&k, h, &record(RecordState::Completed, b"new"), seen);
-        assert_eq!(cache.get(&k, h).unwrap().response, b"new");
+        assert_eq!(cache.get(&k, h).0.unwrap().response, b"new");
         cache.invalidate(h);
-        assert!(cache.get(&k, h).is_none());
+        assert!(cache.get(&k, h).0.is_none());
     }
 
     #[test]
@@ -271,9 +427,9 @@ mod tests {
         );
         cache.clear();
         cache.fill(&b, hash(&b), &record(RecordState::Completed, b"y"), seen_b);
-        assert!(cache.get(&a, hash(&a)).is_none());
-        assert!(cache.get(&b, hash(&b)).is_none());
-        assert_eq!(cache.bytes(), 0);
+        assert!(cache.get(&a, hash(&a)).0.is_none());
+        assert!(cache.get(&b, hash(&b)).0.is_none());
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
@@ -287,7 +443,7 @@ mod tests {
             &record(RecordState::InProgress, b""),
             cache.generation(h),
         );
-        assert!(cache.get(&a, h).is_none());
+        assert!(cache.get(&a, h).0.is_none());
         cache.fill(
             &a,
             h,
@@ -295,7 +451,7 @@ mod tests {
             cache.generation(h),
         );
         // Same slot, other key bytes: a miss, never a's record.
-        assert!(cache.get(&b, h).is_none());
+        assert!(cache.get(&b, h).0.is_none());
     }
 
     #[test]
@@ -315,13 +471,77 @@ mod tests {
             assert!(cache.bytes() <= budget);
         }
         let newest = key(4_999);
-        assert!(cache.get(&newest, hash(&newest)).is_some());
+        assert!(cache.get(&newest, hash(&newest)).0.is_some());
         let oldest = key(0);
-        assert!(cache.get(&oldest, hash(&oldest)).is_none());
-        for shard in cache.shards.iter() {
-            let s = shard.read();
-            assert!(s.order.len() <= 2 * s.entries.len() + 64 + 1);
+        assert!(cache.get(&oldest, hash(&oldest)).0.is_none());
+    }
+
+    #[test]
+    fn small_responses_fill_no_more_entries_than_the_slots_hold() {
+        let budget = 64 * 4096;
+        let cache = ReplayCache::new(budget);
+        for i in 0..20_000 {
+            let k = key(i);
+            let h = hash(&k);
+            cache.fill(
+                &k,
+                h,
+                &record(RecordState::Completed, b""),
+                cache.generation(h),
+            );
         }
+        assert!(cache.bytes() <= budget, "{} > {budget}", cache.bytes());
+        assert!(cache.len() <= 64 * cache.sets * WAYS);
+        let newest = key(19_999);
+        assert!(cache.get(&newest, hash(&newest)).0.is_some());
+    }
+
+    /// Entries of every size wrap around the rings many times: every key answers the record
+    /// it was last filled with or nothing, the newest fill always, never another's bytes.
+    #[test]
+    fn entries_of_any_size_wrapping_around_answer_their_own_record_or_nothing() {
+        let cache = ReplayCache::new(64 * 2048);
+        let mut last: HashMap<u32, Vec<u8>> = HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..50_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % 300) as u32;
+            let k = key(i);
+            let h = hash(&k);
+            if x.is_multiple_of(11) {
+                cache.invalidate(h);
+                last.remove(&i);
+                continue;
+            }
+            let response: Vec<u8> = (0..(x >> 20) % 200)
+                .map(|b| (b as u32 ^ step) as u8)
+                .collect();
+            cache.fill(
+                &k,
+                h,
+                &record(RecordState::Completed, &response),
+                cache.generation(h),
+            );
+            last.insert(i, response.clone());
+            assert_eq!(cache.get(&k, h).0.unwrap().response, response);
+            for shard in cache.shards.iter() {
+                let s = shard.read();
+                // No entry still in use was written over.
+                assert!(s.head - s.tail <= s.ring.len() as u64);
+            }
+            if step.is_multiple_of(97) {
+                for (j, want) in &last {
+                    let kj = key(*j);
+                    if let Some(got) = cache.get(&kj, hash(&kj)).0 {
+                        assert_eq!(&got.response, want, "key {j}");
+                        assert_eq!(got, record(RecordState::Completed, want));
+                    }
+                }
+            }
+        }
+        assert!(cache.bytes() <= 64 * 2048);
     }
 
     #[test]
@@ -335,7 +555,7 @@ mod tests {
             &record(RecordState::Completed, &[7; 2_000]),
             cache.generation(h),
         );
-        assert!(cache.get(&k, h).is_none());
+        assert!(cache.get(&k, h).0.is_none());
         assert_eq!(cache.bytes(), 0);
         cache.fill(
             &k,
@@ -343,7 +563,7 @@ mod tests {
             &record(RecordState::Completed, &[7; 100]),
             cache.generation(h),
         );
-        assert!(cache.get(&k, h).is_some());
+        assert!(cache.get(&k, h).0.is_some());
     }
 
     #[test]
@@ -357,6 +577,6 @@ mod tests {
             &record(RecordState::Completed, b"a"),
             cache.generation(h),
         );
-        assert!(cache.get(&k, h).is_none());
+        assert!(cache.get(&k, h).0.is_none());
     }
 }

@@ -102,7 +102,7 @@ pub fn partitions_probed(
             Some(f) if f.may_contain(hash) => admitted += 1,
             _ => named += 1,
         }
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })?;
     Ok((named, admitted))
 }

@@ -626,6 +626,35 @@ fn a_damaged_filter_row_refuses_the_open_naming_it() {
     }
 }
 
+/// Rows left by tables no longer there (an older build's, or damage) are never used, so the
+/// open skips them without decoding them, however malformed.
+#[test]
+fn filter_rows_of_tables_no_longer_there_are_skipped() {
+    let (_dir, path, clock) = reopenable();
+    drop(widened(&path, &clock));
+    {
+        let redb = redb::Database::open(&path).unwrap();
+        let txn = redb.begin_write().unwrap();
+        {
+            let mut rows = txn.open_table(FILTERS).unwrap();
+            let gone = wide_table(S + 10 * WIDE);
+            rows.insert(gone.as_str(), &b"not a filter row"[..])
+                .unwrap();
+            rows.insert("a", &[0u8; 3][..]).unwrap();
+            rows.insert("zzz", &[0xffu8; 100][..]).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let db = open_retained_result(&path, &clock).unwrap();
+    let stats = db.stats();
+    assert_eq!(
+        stats.partitions_read_at_open, 0,
+        "the wide partition's own row holds"
+    );
+    assert!(stats.memory.key_filters > 0);
+    all_answer(&db);
+}
+
 fn open_retained_result(path: &Path, clock: &ManualClock) -> Result<IdemDb, idemdb::Error> {
     IdemDb::builder()
         .clock(clock.clone())
