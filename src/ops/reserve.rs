@@ -237,9 +237,11 @@ impl IdemDb {
         }
         let existing = engine.snapshots.find(key, now)?.live;
         // A live finished record is always answered as a replay (`decide`), so it is filled
-        // exactly when it is answered: when it is durable. `fill` skips IN_PROGRESS ones.
+        // exactly when it is answered: when it is durable, and from its second sighting on
+        // (`admit`). `fill` skips IN_PROGRESS ones.
         if let Some(record) = &existing
             && engine.durability.pending_for(key).is_none()
+            && engine.replays.admit(hash)
         {
             engine.replays.fill(key, hash, record, seen);
         }

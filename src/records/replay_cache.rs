@@ -17,6 +17,11 @@
 //! retries of an intent come soon after its first answer), and finds them through a fixed
 //! array of slots, two per set, chosen by the hash. No entry is an allocation of its own and
 //! eviction only moves the ring's tail: a slot whose position the tail passed is empty.
+//!
+//! Admitted on second sight: a key's first answer from the snapshot only marks it in the
+//! shard's bit array ([`ReplayCache::admit`]), and its second fills. Most intents that are
+//! replayed at all are replayed once, and a fill for them would only evict the entries of
+//! keys replayed again and again.
 
 use parking_lot::RwLock;
 
@@ -42,6 +47,13 @@ const RING_PER_SLOT: usize = 128;
 const SLOT_BYTES: usize = 8 + 4;
 const WAYS: usize = 2;
 
+/// Bits of a shard's admission array per slot, and marks between two clearings of it per
+/// slot: at most 1 key in 16 not seen since the last clearing is taken for seen
+/// (1 − e^(−1/16)), and a key is remembered over at least half as many first sights as the
+/// shard has slots. The array is a byte per slot, inside the limit.
+const SEEN_BITS_PER_SLOT: usize = 8;
+const MARKS_PER_SLOT: f64 = 0.5;
+
 /// Which of a shard's sets a hash's slots are in (its low bits: the shard is its top six)
 /// and the tag kept beside them (bits neither picks).
 fn set_of(hash: u64, sets: usize) -> usize {
@@ -50,6 +62,13 @@ fn set_of(hash: u64, sets: usize) -> usize {
 
 fn tag_of(hash: u64) -> u32 {
     (hash >> 26) as u32
+}
+
+/// A hash's bit in an admission array of `words` words: bits neither the shard nor the set
+/// picks.
+fn seen_bit(hash: u64, words: usize) -> (usize, u64) {
+    let bit = (hash >> 20) as usize % (words * 64);
+    (bit / 64, 1 << (bit % 64))
 }
 
 #[derive(Default)]
@@ -68,6 +87,10 @@ struct Shard {
     tail: u64,
     /// Bumped by every invalidation: a fill read before it is refused.
     generation: u64,
+    /// The keys seen once since the array was last cleared ([`ReplayCache::admit`]), and how
+    /// many were marked since.
+    seen: Vec<u64>,
+    marks: usize,
 }
 
 impl Shard {
@@ -234,6 +257,9 @@ pub(crate) struct ReplayCache {
     ring_bytes: usize,
     /// Sets of `WAYS` slots per shard: a power of two.
     sets: usize,
+    /// Words of each shard's admission array, and the marks after which it is cleared.
+    seen_words: usize,
+    marks_per_clearing: usize,
 }
 
 impl ReplayCache {
@@ -246,14 +272,17 @@ impl ReplayCache {
             0 => 0,
             n => n.next_power_of_two(),
         };
+        let seen_words = (sets * WAYS * SEEN_BITS_PER_SLOT).div_ceil(64);
         ReplayCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             ring_bytes: if sets == 0 {
                 0
             } else {
-                shard - sets * WAYS * SLOT_BYTES
+                shard.saturating_sub(sets * WAYS * SLOT_BYTES + seen_words * 8)
             },
             sets,
+            seen_words,
+            marks_per_clearing: ((sets * WAYS) as f64 * MARKS_PER_SLOT).ceil() as usize,
         }
     }
 
@@ -282,6 +311,30 @@ impl ReplayCache {
     #[cfg(test)]
     fn generation(&self, hash: u64) -> Generation {
         Generation(self.shard(hash).read().generation)
+    }
+
+    /// Whether a fill of the key whose hash is `hash` may be kept: it was seen since the
+    /// shard's admission array was last cleared. If not, marks it (a fill follows its next
+    /// sighting). The snapshot path asks this before [`fill`](Self::fill).
+    pub(crate) fn admit(&self, hash: u64) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let mut shard = self.shard(hash).write();
+        if shard.seen.is_empty() {
+            shard.seen = vec![0; self.seen_words];
+        }
+        let (word, bit) = seen_bit(hash, self.seen_words);
+        if shard.seen[word] & bit != 0 {
+            return true;
+        }
+        if shard.marks >= self.marks_per_clearing {
+            shard.seen.fill(0);
+            shard.marks = 0;
+        }
+        shard.seen[word] |= bit;
+        shard.marks += 1;
+        false
     }
 
     /// Keeps `record`, the newest durable record of `key` as a snapshot taken after `seen`
@@ -358,7 +411,7 @@ impl ReplayCache {
             .iter()
             .map(|s| {
                 let s = s.read();
-                s.ring.len() + s.slots.len() * 8 + s.tags.len() * 4
+                s.ring.len() + s.slots.len() * 8 + s.tags.len() * 4 + s.seen.len() * 8
             })
             .sum()
     }
@@ -564,6 +617,40 @@ mod tests {
             cache.generation(h),
         );
         assert!(cache.get(&k, h).0.is_some());
+    }
+
+    #[test]
+    fn a_key_is_admitted_at_its_second_sight_and_the_marks_stay_bounded() {
+        let cache = ReplayCache::new(64 * 4096);
+        let k = key(1);
+        let h = hash(&k);
+        assert!(!cache.admit(h));
+        assert!(cache.admit(h));
+        assert!(cache.admit(h));
+        // Many more first sightings than a clearing allows: the array is cleared (key 1 is
+        // forgotten), the marks never pass their bound, and the bytes stay in the budget.
+        let mut admitted = 0;
+        for i in 2..20_000 {
+            let kh = hash(&key(i));
+            admitted += usize::from(cache.admit(kh));
+            if i % 2 == 0 {
+                let k = key(i);
+                cache.fill(
+                    &k,
+                    kh,
+                    &record(RecordState::Completed, &[1; 100]),
+                    cache.generation(kh),
+                );
+            }
+            for shard in cache.shards.iter() {
+                assert!(shard.read().marks <= cache.marks_per_clearing);
+            }
+        }
+        assert!(!cache.admit(h), "never forgotten");
+        // Keys taken for seen without having been: about 1 in 16 at most, per the sizing.
+        assert!(admitted < 20_000 / 10, "{admitted} admitted at first sight");
+        assert!(cache.bytes() <= 64 * 4096, "{}", cache.bytes());
+        assert!(!ReplayCache::new(0).admit(h));
     }
 
     #[test]

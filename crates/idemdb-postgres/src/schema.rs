@@ -193,10 +193,17 @@ async fn migrate_once(
     Ok(Migrated::Version(SCHEMA_VERSION))
 }
 
-/// The schema version in place; `None` on a database without idemdb's tables.
+/// The schema version in place in the connection's `current_schema()`, the first schema of
+/// its `search_path` that exists; `None` if idemdb's tables are not there. Tables of the same
+/// names in a schema later in the path are another store's (another tenant's): found
+/// through the whole path, they would be adopted. Every other statement names its tables
+/// unqualified, and the path finds those of `current_schema()` first.
 async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_postgres::Error> {
     let exists = client
-        .query_one("SELECT to_regclass('idemdb_meta') IS NOT NULL", &[])
+        .query_one(
+            "SELECT to_regclass(quote_ident(current_schema()) || '.idemdb_meta') IS NOT NULL",
+            &[],
+        )
         .await?
         .get::<_, bool>(0);
     if !exists {
@@ -206,6 +213,24 @@ async fn version(client: &tokio_postgres::Client) -> Result<Option<i32>, tokio_p
         .query_opt("SELECT schema_version FROM idemdb_meta WHERE id = 1", &[])
         .await?;
     Ok(row.map(|r| r.get(0)))
+}
+
+/// Where a connection's idemdb tables are, as a message says it: `schema "name"` (the first
+/// schema of its `search_path` that exists), or that the path names none.
+async fn schema_in_use(client: &tokio_postgres::Client) -> Result<String, PgError> {
+    let row = client
+        .query_one(
+            "SELECT current_schema(), current_setting('search_path')",
+            &[],
+        )
+        .await
+        .map_err(database)?;
+    let schema: Option<String> = row.try_get(0).map_err(database)?;
+    let path: String = row.try_get(1).map_err(database)?;
+    Ok(match schema {
+        Some(schema) => format!("schema \"{schema}\" (the first of search_path = {path})"),
+        None => format!("no schema: search_path = {path} names none that exists"),
+    })
 }
 
 /// The store's time now (the server's clock, or the frozen time of a test).
@@ -234,9 +259,10 @@ impl Meta {
         let found = version(client).await.map_err(database)?;
         match found {
             None => {
-                return Err(PgError::NotMigrated(
-                    "no idemdb schema in this database: run PgStoreBuilder::migrate first".into(),
-                ));
+                return Err(PgError::NotMigrated(format!(
+                    "no idemdb tables in {}: run PgStoreBuilder::migrate first",
+                    schema_in_use(client).await?
+                )));
             }
             Some(v) if v > SCHEMA_VERSION => return Err(newer(v)),
             Some(v) if v < SCHEMA_VERSION => {

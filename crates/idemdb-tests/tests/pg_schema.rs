@@ -231,3 +231,84 @@ fn a_version_2_schema_is_upgraded_and_its_stripe_locks_still_exclude_the_new_res
         );
     });
 }
+
+/// `url` with its connections' `search_path` set to `path`.
+fn with_search_path(url: &str, path: &str) -> String {
+    let path = path.replace(',', "%2C");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{path}")
+}
+
+#[test]
+fn a_store_keeps_to_the_first_schema_of_its_search_path() {
+    // Another tenant's tables later in the path are not this store's: connect refuses to
+    // adopt them, migrate creates this store's own in the first schema, and each store
+    // answers with its own records.
+    runtime().block_on(async {
+        use idemdb::{Key, ReserveOutcome, Scope, Store};
+        let url = fresh_database_url();
+        let scope = Scope::new("POST /orders", "user-1");
+        let key = Key::new("order-1");
+        let lease = std::time::Duration::from_secs(30);
+        let public = PgStore::builder(&url).unwrap();
+        public.migrate().await.unwrap();
+        let public = public.connect().await.unwrap();
+        let ReserveOutcome::Acquired(r) = public.reserve(&scope, &key, b"a", lease).await.unwrap()
+        else {
+            panic!("a fresh key was not acquired");
+        };
+        public.complete(&r, b"public's answer").await.unwrap();
+
+        client(&url)
+            .await
+            .batch_execute("CREATE SCHEMA tenant_c")
+            .await
+            .unwrap();
+        let tenant_url = with_search_path(&url, "tenant_c,public");
+        let refused = PgStore::builder(&tenant_url).unwrap().connect().await;
+        assert!(
+            matches!(&refused, Err(PgError::NotMigrated(m)) if m.contains("\"tenant_c\"")),
+            "{:?}",
+            refused.err()
+        );
+        let tenant = PgStore::builder(&tenant_url).unwrap();
+        assert_eq!(tenant.migrate().await.unwrap(), SCHEMA);
+        let tenant = tenant.connect().await.unwrap();
+        let made: bool = client(&url)
+            .await
+            .query_one(
+                "SELECT to_regclass('tenant_c.idemdb_meta') IS NOT NULL \
+                 AND to_regclass('tenant_c.idemdb_records') IS NOT NULL \
+                 AND to_regprocedure('tenant_c.idemdb_reserve(bytea, bytea, bytea, bytea, \
+                 bigint, bigint, boolean, int)') IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(made, "migrate did not create the tables in tenant_c");
+        assert!(
+            matches!(
+                tenant.reserve(&scope, &key, b"a", lease).await.unwrap(),
+                ReserveOutcome::Acquired(_)
+            ),
+            "the tenant got the other schema's record"
+        );
+        assert_eq!(
+            public.reserve(&scope, &key, b"a", lease).await.unwrap(),
+            ReserveOutcome::Completed(b"public's answer".to_vec())
+        );
+
+        // A path naming no schema that exists: nothing is created anywhere.
+        let nowhere_url = with_search_path(&url, "tenant_x");
+        let nowhere = PgStore::builder(&nowhere_url).unwrap();
+        let failed = nowhere.migrate().await;
+        assert!(failed.is_err(), "migrated with no schema to create in");
+        let refused = nowhere.connect().await;
+        assert!(
+            matches!(&refused, Err(PgError::NotMigrated(m)) if m.contains("names none")),
+            "{:?}",
+            refused.err()
+        );
+    });
+}

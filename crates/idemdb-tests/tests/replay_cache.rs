@@ -58,7 +58,8 @@ fn a_replay_from_memory_is_the_stored_answer_byte_for_byte() {
             db.complete(&ok, response.clone()).unwrap();
             let bad = acquired(db.reserve(&scope(), &Key::new("bad"), b"p", LEASE).unwrap());
             db.fail(&bad, b"card declined".to_vec()).unwrap();
-            // The first duplicate fills the cache, the others are answered from it.
+            // The first duplicate marks the key, the second fills the cache, the third is
+            // answered from it.
             let mut seen = Vec::new();
             for _ in 0..3 {
                 for key in ["ok", "bad"] {
@@ -93,7 +94,9 @@ fn a_cached_generation_never_hides_a_newer_one_when_the_clock_steps_back() {
             let key = Key::new("order-1");
             let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
             db.complete(&first, b"generation 1".to_vec()).unwrap();
+            // Twice: the second replay fills the cache.
             let mut seen = vec![db.reserve(&scope(), &key, b"order", LEASE).unwrap()];
+            seen.push(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
             clock.set(T0 + 61_000);
             let second = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
             clock.set(T0 + 30_000);
@@ -109,16 +112,17 @@ fn a_cached_generation_never_hides_a_newer_one_when_the_clock_steps_back() {
         answers[0],
         ReserveOutcome::Completed(b"generation 1".to_vec())
     );
+    assert_eq!(answers[1], answers[0]);
     assert!(
-        matches!(answers[1], ReserveOutcome::InProgress { .. }),
+        matches!(answers[2], ReserveOutcome::InProgress { .. }),
         "{:?}",
-        answers[1]
+        answers[2]
     );
     assert_eq!(
-        answers[2],
+        answers[3],
         ReserveOutcome::Completed(b"generation 2".to_vec())
     );
-    assert_eq!(answers[3], answers[2]);
+    assert_eq!(answers[4], answers[3]);
 }
 
 #[test]
@@ -131,6 +135,11 @@ fn a_dropped_partition_takes_its_cached_records_with_it() {
             let key = Key::new("order-2");
             let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
             db.complete(&first, b"dropped".to_vec()).unwrap();
+            // Twice: the second replay fills the cache.
+            assert_eq!(
+                db.reserve(&scope(), &key, b"order", LEASE).unwrap(),
+                ReserveOutcome::Completed(b"dropped".to_vec())
+            );
             let replayed = db.reserve(&scope(), &key, b"order", LEASE).unwrap();
             clock.set(T0 + 10 * 60_000);
             let report = db.compact_now().unwrap();
@@ -156,6 +165,11 @@ fn an_expired_cached_record_is_absent() {
             let key = Key::new("order-3");
             let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
             db.complete(&first, b"one".to_vec()).unwrap();
+            // Twice: the second replay fills the cache.
+            assert_eq!(
+                db.reserve(&scope(), &key, b"order", LEASE).unwrap(),
+                ReserveOutcome::Completed(b"one".to_vec())
+            );
             let replayed = db.reserve(&scope(), &key, b"order", LEASE).unwrap();
             clock.set(T0 + 61_000);
             let after = db.reserve(&scope(), &key, b"order", LEASE).unwrap();
@@ -175,7 +189,9 @@ fn a_pass_that_only_writes_rows_beside_the_records_keeps_the_cache() {
     let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
     db.complete(&first, b"kept".to_vec()).unwrap();
     let replay = || db.reserve(&scope(), &key, b"order", LEASE).unwrap();
-    assert_eq!(replay(), ReserveOutcome::Completed(b"kept".to_vec()));
+    for _ in 0..2 {
+        assert_eq!(replay(), ReserveOutcome::Completed(b"kept".to_vec()));
+    }
     assert_eq!(idemdb::testing::cached_replays(&db), 1);
     clock.set(T0 + 2 * 60_000);
     let report = db.compact_now().unwrap();
@@ -192,4 +208,26 @@ fn a_pass_that_only_writes_rows_beside_the_records_keeps_the_cache() {
     clock.set(T0 + 2 * 3_600_000);
     assert_eq!(db.compact_now().unwrap().partitions_dropped, 1);
     assert_eq!(idemdb::testing::cached_replays(&db), 0);
+}
+
+#[test]
+fn a_key_is_cached_at_its_second_replay_not_its_first() {
+    // Most replayed intents are replayed once: filling at the first replay would only evict
+    // the keys replayed again and again.
+    let clock = ManualClock::new(T0);
+    let (_dir, db) = open(&clock, minutes(60), 32 << 20);
+    let key = Key::new("order-4");
+    let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
+    db.complete(&first, b"once".to_vec()).unwrap();
+    let replay = || db.reserve(&scope(), &key, b"order", LEASE).unwrap();
+    assert_eq!(replay(), ReserveOutcome::Completed(b"once".to_vec()));
+    assert_eq!(
+        idemdb::testing::cached_replays(&db),
+        0,
+        "filled at first sight"
+    );
+    assert_eq!(replay(), ReserveOutcome::Completed(b"once".to_vec()));
+    assert_eq!(idemdb::testing::cached_replays(&db), 1, "never admitted");
+    assert_eq!(replay(), ReserveOutcome::Completed(b"once".to_vec()));
+    assert_eq!(idemdb::testing::cached_replays(&db), 1);
 }
