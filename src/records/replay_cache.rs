@@ -47,12 +47,12 @@ const RING_PER_SLOT: usize = 128;
 const SLOT_BYTES: usize = 8 + 4;
 const WAYS: usize = 2;
 
-/// Bits of a shard's admission array per slot, and marks between two clearings of it per
-/// slot: at most 1 key in 16 not seen since the last clearing is taken for seen
+/// Bits of a shard's admission array per slot, and slots per mark between two clearings
+/// of it: at most 1 key in 16 not seen since the last clearing is taken for seen
 /// (1 − e^(−1/16)), and a key is remembered over at least half as many first sights as the
 /// shard has slots. The array is a byte per slot, inside the limit.
 const SEEN_BITS_PER_SLOT: usize = 8;
-const MARKS_PER_SLOT: f64 = 0.5;
+const SLOTS_PER_MARK: usize = 2;
 
 /// Which of a shard's sets a hash's slots are in (its low bits: the shard is its top six)
 /// and the tag kept beside them (bits neither picks).
@@ -282,7 +282,7 @@ impl ReplayCache {
             },
             sets,
             seen_words,
-            marks_per_clearing: ((sets * WAYS) as f64 * MARKS_PER_SLOT).ceil() as usize,
+            marks_per_clearing: (sets * WAYS).div_ceil(SLOTS_PER_MARK),
         }
     }
 

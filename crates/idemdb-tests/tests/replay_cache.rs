@@ -179,16 +179,30 @@ fn an_expired_cached_record_is_absent() {
     assert_eq!(answers, (ReserveOutcome::Completed(b"one".to_vec()), true));
 }
 
+/// Completes `key` with `response` under the cache's store; returns a replay of it.
+fn completed<'a>(
+    db: &'a IdemDb,
+    key: &'static str,
+    response: &[u8],
+) -> impl Fn() -> ReserveOutcome + 'a {
+    let first = acquired(
+        db.reserve(&scope(), &Key::new(key), b"order", LEASE)
+            .unwrap(),
+    );
+    db.complete(&first, response.to_vec()).unwrap();
+    move || {
+        db.reserve(&scope(), &Key::new(key), b"order", LEASE)
+            .unwrap()
+    }
+}
+
 #[test]
 fn a_pass_that_only_writes_rows_beside_the_records_keeps_the_cache() {
     // Summaries (and retired recognition rows) change no record: the cached answers stay.
     // A drop removes records: they go.
     let clock = ManualClock::new(T0);
     let (_dir, db) = open(&clock, minutes(60), 32 << 20);
-    let key = Key::new("order-3");
-    let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
-    db.complete(&first, b"kept".to_vec()).unwrap();
-    let replay = || db.reserve(&scope(), &key, b"order", LEASE).unwrap();
+    let replay = completed(&db, "order-3", b"kept");
     for _ in 0..2 {
         assert_eq!(replay(), ReserveOutcome::Completed(b"kept".to_vec()));
     }
@@ -216,10 +230,7 @@ fn a_key_is_cached_at_its_second_replay_not_its_first() {
     // the keys replayed again and again.
     let clock = ManualClock::new(T0);
     let (_dir, db) = open(&clock, minutes(60), 32 << 20);
-    let key = Key::new("order-4");
-    let first = acquired(db.reserve(&scope(), &key, b"order", LEASE).unwrap());
-    db.complete(&first, b"once".to_vec()).unwrap();
-    let replay = || db.reserve(&scope(), &key, b"order", LEASE).unwrap();
+    let replay = completed(&db, "order-4", b"once");
     assert_eq!(replay(), ReserveOutcome::Completed(b"once".to_vec()));
     assert_eq!(
         idemdb::testing::cached_replays(&db),
