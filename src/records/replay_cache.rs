@@ -15,13 +15,17 @@
 //! Bounded by bytes it really holds: each shard writes its entries one after another into a
 //! ring of bytes allocated once and evicts the oldest to make room (first in, first out:
 //! retries of an intent come soon after its first answer), and finds them through a fixed
-//! array of slots, two per set, chosen by the hash. No entry is an allocation of its own and
+//! array of sets of two slots, chosen by the hash. No entry is an allocation of its own and
 //! eviction only moves the ring's tail: a slot whose position the tail passed is empty.
 //!
-//! Admitted on second sight: a key's first answer from the snapshot only marks it in the
-//! shard's bit array ([`ReplayCache::admit`]), and its second fills. Most intents that are
-//! replayed at all are replayed once, and a fill for them would only evict the entries of
-//! keys replayed again and again.
+//! Admitted on second sight: a key's first answer from the snapshot only marks it in its
+//! set's bits ([`ReplayCache::admit`]), and its second fills. Most intents that are replayed
+//! at all are replayed once, and a fill for them would only evict the entries of keys
+//! replayed again and again.
+//!
+//! A set (its slots' positions and tags and its admission bits) is 32 bytes aligned to 32:
+//! one cache line. A miss, the common case of a first replay or a fresh key, reads that line
+//! alone.
 
 use parking_lot::RwLock;
 
@@ -40,22 +44,23 @@ const ENTRY_HEAD: usize = 8 + 4 + 4;
 const FIELDS: usize = 1 + 16 + 8 + 8 + 8 + 8 + 4 + 8;
 const PADDING: u32 = u32::MAX;
 
-/// Ring bytes per slot: a slot (its position, 8 bytes, and its tag, 4) for every 128 bytes
-/// of ring or less (the sets are rounded up to a power of two): 2.5 to 5 slots per entry of a
-/// 200-byte response.
+/// Ring bytes per slot: a slot (half of a 32-byte set) for every 128 bytes of ring or less
+/// (the sets are rounded up to a power of two): 2.5 to 5 slots per entry of a 200-byte
+/// response.
 const RING_PER_SLOT: usize = 128;
-const SLOT_BYTES: usize = 8 + 4;
+const SET_BYTES: usize = std::mem::size_of::<Set>();
+// Half a 64-byte line, aligned to it: a set never straddles two.
+const _: () = assert!(SET_BYTES == 32 && std::mem::align_of::<Set>() == 32);
 const WAYS: usize = 2;
 
-/// Bits of a shard's admission array per slot, and slots per mark between two clearings
-/// of it: at most 1 key in 16 not seen since the last clearing is taken for seen
-/// (1 − e^(−1/16)), and a key is remembered over at least half as many first sights as the
-/// shard has slots. The array is a byte per slot, inside the limit.
-const SEEN_BITS_PER_SLOT: usize = 8;
+/// Slots per mark between two clearings of the admission bits: a shard's sets are cleared
+/// after half as many first sights as it has slots, one a set on average, so at most about
+/// 1 key in 64 not seen since is taken for seen (1 − e^(−1/64)), and a key is remembered
+/// over at least that many first sights.
 const SLOTS_PER_MARK: usize = 2;
 
-/// Which of a shard's sets a hash's slots are in (its low bits: the shard is its top six)
-/// and the tag kept beside them (bits neither picks).
+/// Which of a shard's sets a hash's slots are in (its low bits: the shard is its top six),
+/// the tag kept beside them and the admission bit (bits neither picks).
 fn set_of(hash: u64, sets: usize) -> usize {
     hash as usize & (sets - 1)
 }
@@ -64,22 +69,30 @@ fn tag_of(hash: u64) -> u32 {
     (hash >> 26) as u32
 }
 
-/// A hash's bit in an admission array of `words` words: bits neither the shard nor the set
-/// picks.
-fn seen_bit(hash: u64, words: usize) -> (usize, u64) {
-    let bit = (hash >> 20) as usize % (words * 64);
-    (bit / 64, 1 << (bit % 64))
+fn seen_bit(hash: u64) -> u64 {
+    1 << ((hash >> 20) & 63)
+}
+
+/// `WAYS` slots and the admission bits of the keys whose hashes pick them: one cache line.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct Set {
+    /// 1 + the position of an entry, 0 for none. A slot is in use while its position is at
+    /// least the shard's `tail` (no entry there was overwritten since).
+    positions: [u64; WAYS],
+    /// Hash bits of the entry each slot points at ([`tag_of`]).
+    tags: [u32; WAYS],
+    /// Keys seen once since the shard's last clearing ([`seen_bit`]).
+    seen: u64,
 }
 
 #[derive(Default)]
 struct Shard {
     /// Entries back to back, at positions `tail..head` modulo its length; allocated (zeroed,
-    /// so untouched pages cost nothing) at the first fill, with the slots.
+    /// so untouched pages cost nothing) at the first fill.
     ring: Vec<u8>,
-    /// 1 + the position of an entry, 0 for none: `WAYS` slots per set. A slot is in use while
-    /// its position is at least `tail` (no entry there was overwritten since).
-    slots: Vec<u64>,
-    tags: Vec<u32>,
+    /// Allocated at the first admission or fill.
+    sets: Vec<Set>,
     /// Where the next entry goes and where the oldest one starts, counted from the ring's
     /// first fill: positions modulo the ring's length are offsets in it. `head - tail` never
     /// exceeds the length.
@@ -87,9 +100,7 @@ struct Shard {
     tail: u64,
     /// Bumped by every invalidation: a fill read before it is refused.
     generation: u64,
-    /// The keys seen once since the array was last cleared ([`ReplayCache::admit`]), and how
-    /// many were marked since.
-    seen: Vec<u64>,
+    /// Keys marked seen since the sets' admission bits were last cleared.
     marks: usize,
 }
 
@@ -98,13 +109,13 @@ impl Shard {
         position.checked_rem(self.ring.len() as u64).unwrap_or(0) as usize
     }
 
-    /// The entry slot `i` points at, if it is in use and its tag is `tag`.
-    fn entry_in(&self, i: usize, tag: u32) -> Option<(u64, &[u8])> {
-        let position = self.slots.get(i)?.checked_sub(1)?;
-        if position < self.tail || self.tags.get(i) != Some(&tag) {
+    /// The entry way `way` of `set` points at, if it is in use and its tag is `tag`.
+    fn entry_in(&self, set: &Set, way: usize, tag: u32) -> Option<&[u8]> {
+        let position = set.positions[way].checked_sub(1)?;
+        if position < self.tail || set.tags[way] != tag {
             return None;
         }
-        Some((position, self.entry_at(position)?))
+        self.entry_at(position)
     }
 
     /// The bytes of the entry at `position`, if it is one (not padding) and whole.
@@ -118,31 +129,31 @@ impl Shard {
         self.ring.get(at..at + len)
     }
 
-    /// The slot of `hash` in use, if any, and its entry.
-    fn slot_of(&self, hash: u64, sets: usize) -> Option<(usize, &[u8])> {
-        let first = set_of(hash, sets) * WAYS;
-        (first..first + WAYS).find_map(|i| {
-            self.entry_in(i, tag_of(hash))
-                .filter(|(_, e)| u64_at(e, 0) == Some(hash))
-                .map(|(_, e)| (i, e))
+    /// The set of `hash` (none before the first admission or fill), the way in it in use by
+    /// `hash`, if any, and its entry.
+    fn slot_of(&self, hash: u64, sets: usize) -> Option<(usize, usize, &[u8])> {
+        let s = set_of(hash, sets);
+        let set = self.sets.get(s)?;
+        (0..WAYS).find_map(|way| {
+            self.entry_in(set, way, tag_of(hash))
+                .filter(|e| u64_at(e, 0) == Some(hash))
+                .map(|e| (s, way, e))
         })
     }
 
-    /// The slot a new entry of `hash` takes: the one holding `hash`, else a free one, else the
-    /// one holding the older entry.
-    fn slot_for(&self, hash: u64, sets: usize) -> usize {
-        let first = set_of(hash, sets) * WAYS;
-        self.slot_of(hash, sets).map_or_else(
-            || {
-                (first..first + WAYS)
-                    .min_by_key(|&i| match self.slots[i].checked_sub(1) {
-                        Some(p) if p >= self.tail => p + 1,
-                        _ => 0,
-                    })
-                    .unwrap_or(first)
-            },
-            |(i, _)| i,
-        )
+    /// The way of set `s` a new entry of `hash` takes: the one holding `hash`, else a free
+    /// one, else the one holding the older entry.
+    fn way_for(&self, hash: u64, s: usize, sets: usize) -> usize {
+        if let Some((_, way, _)) = self.slot_of(hash, sets) {
+            return way;
+        }
+        let positions = self.sets.get(s).map_or([0; WAYS], |set| set.positions);
+        (0..WAYS)
+            .min_by_key(|&way| match positions[way].checked_sub(1) {
+                Some(p) if p >= self.tail => p + 1,
+                _ => 0,
+            })
+            .unwrap_or(0)
     }
 
     /// Moves `tail` past the oldest entry (or the padding there).
@@ -257,8 +268,7 @@ pub(crate) struct ReplayCache {
     ring_bytes: usize,
     /// Sets of `WAYS` slots per shard: a power of two.
     sets: usize,
-    /// Words of each shard's admission array, and the marks after which it is cleared.
-    seen_words: usize,
+    /// The marks after which a shard's admission bits are cleared.
     marks_per_clearing: usize,
 }
 
@@ -266,22 +276,20 @@ impl ReplayCache {
     /// A cache of at most about `bytes` (0: off).
     pub(crate) fn new(bytes: usize) -> ReplayCache {
         let shard = bytes / SHARDS;
-        let slots = shard / (RING_PER_SLOT + SLOT_BYTES);
-        // Rounded up: at most twice the slots asked for, under a fifth of the bytes.
+        let slots = shard / (RING_PER_SLOT + SET_BYTES / WAYS);
+        // Rounded up: at most twice the slots asked for, under a fourth of the bytes.
         let sets = match slots / WAYS {
             0 => 0,
             n => n.next_power_of_two(),
         };
-        let seen_words = (sets * WAYS * SEEN_BITS_PER_SLOT).div_ceil(64);
         ReplayCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             ring_bytes: if sets == 0 {
                 0
             } else {
-                shard.saturating_sub(sets * WAYS * SLOT_BYTES + seen_words * 8)
+                shard.saturating_sub(sets * SET_BYTES)
             },
             sets,
-            seen_words,
             marks_per_clearing: (sets * WAYS).div_ceil(SLOTS_PER_MARK),
         }
     }
@@ -303,7 +311,7 @@ impl ReplayCache {
         let shard = self.shard(hash).read();
         let record = shard
             .slot_of(hash, self.sets)
-            .and_then(|(_, entry)| read_entry(entry, key.as_bytes()));
+            .and_then(|(_, _, entry)| read_entry(entry, key.as_bytes()));
         (record, Generation(shard.generation))
     }
 
@@ -321,18 +329,21 @@ impl ReplayCache {
             return false;
         }
         let mut shard = self.shard(hash).write();
-        if shard.seen.is_empty() {
-            shard.seen = vec![0; self.seen_words];
+        if shard.sets.is_empty() {
+            shard.sets = vec![Set::default(); self.sets];
         }
-        let (word, bit) = seen_bit(hash, self.seen_words);
-        if shard.seen[word] & bit != 0 {
+        let s = set_of(hash, self.sets);
+        let bit = seen_bit(hash);
+        if shard.sets[s].seen & bit != 0 {
             return true;
         }
         if shard.marks >= self.marks_per_clearing {
-            shard.seen.fill(0);
+            for set in &mut shard.sets {
+                set.seen = 0;
+            }
             shard.marks = 0;
         }
-        shard.seen[word] |= bit;
+        shard.sets[s].seen |= bit;
         shard.marks += 1;
         false
     }
@@ -353,17 +364,20 @@ impl ReplayCache {
         }
         if shard.ring.is_empty() {
             shard.ring = vec![0; self.ring_bytes];
-            shard.slots = vec![0; self.sets * WAYS];
-            shard.tags = vec![0; self.sets * WAYS];
+        }
+        if shard.sets.is_empty() {
+            shard.sets = vec![Set::default(); self.sets];
         }
         let position = shard.make_room(len);
         let at = shard.offset(position);
         write_entry(&mut shard.ring[at..at + len], hash, key.as_bytes(), record);
         shard.head = position + len as u64;
         // Chosen after the eviction: a slot whose entry it passed is free.
-        let i = shard.slot_for(hash, self.sets);
-        shard.slots[i] = position + 1;
-        shard.tags[i] = tag_of(hash);
+        let s = set_of(hash, self.sets);
+        let way = shard.way_for(hash, s, self.sets);
+        let set = &mut shard.sets[s];
+        set.positions[way] = position + 1;
+        set.tags[way] = tag_of(hash);
     }
 
     /// Forgets `key` (the writer changed it) and refuses fills read before now.
@@ -373,8 +387,8 @@ impl ReplayCache {
         }
         let mut shard = self.shard(hash).write();
         shard.generation += 1;
-        if let Some((i, _)) = shard.slot_of(hash, self.sets) {
-            shard.slots[i] = 0;
+        if let Some((s, way, _)) = shard.slot_of(hash, self.sets) {
+            shard.sets[s].positions[way] = 0;
         }
     }
 
@@ -385,9 +399,10 @@ impl ReplayCache {
             .iter()
             .map(|s| {
                 let s = s.read();
-                s.slots
+                s.sets
                     .iter()
-                    .filter(|&&p| p.checked_sub(1).is_some_and(|p| p >= s.tail))
+                    .flat_map(|set| set.positions)
+                    .filter(|&p| p.checked_sub(1).is_some_and(|p| p >= s.tail))
                     .count()
             })
             .sum()
@@ -404,14 +419,14 @@ impl ReplayCache {
         }
     }
 
-    /// The bytes the shards hold: their rings and slots.
+    /// The bytes the shards hold: their rings and sets.
     #[cfg(test)]
     fn bytes(&self) -> usize {
         self.shards
             .iter()
             .map(|s| {
                 let s = s.read();
-                s.ring.len() + s.slots.len() * 8 + s.tags.len() * 4 + s.seen.len() * 8
+                s.ring.len() + s.sets.len() * SET_BYTES
             })
             .sum()
     }
@@ -647,8 +662,8 @@ mod tests {
             }
         }
         assert!(!cache.admit(h), "never forgotten");
-        // Keys taken for seen without having been: about 1 in 16 at most, per the sizing.
-        assert!(admitted < 20_000 / 10, "{admitted} admitted at first sight");
+        // Keys taken for seen without having been: about 1 in 64 at most, per the sizing.
+        assert!(admitted < 20_000 / 40, "{admitted} admitted at first sight");
         assert!(cache.bytes() <= 64 * 4096, "{}", cache.bytes());
         assert!(!ReplayCache::new(0).admit(h));
     }

@@ -5,17 +5,17 @@
 //! 1. loads a new store with that many completed records (100-byte requests, 200-byte
 //!    responses, 7-day TTL, default partitions), 64 callers, the clock moving through one
 //!    simulated day (`load.rs`): load rate, the loading process's resident memory, file size;
-//! 2. opens the store in a new process with the builder's defaults (no `verify_on_open`), the
-//!    file in the operating system's page cache as the load left it: replays of up to 500,000
+//! 2. reads the file whole into the operating system's page cache, then opens the store in a
+//!    new process with the builder's defaults (no `verify_on_open`): replays of up to 500,000
 //!    random stored keys by one caller for 10 s (rate, p50, p99), resident memory after them,
 //!    then 2,000 reserves of fresh keys (p50, p99), against the same on an empty database
-//!    (`probe.rs`); then drops the page cache (root only; the table says when it could not)
-//!    and opens it in a new process: open time, resident memory after the open and its peak;
-//! 3. opens it again in a new process, the page cache warm: open time and memory; then with
-//!    `verify_on_open`;
-//! 4. opens the same file with plain redb under the same page cache, and reads the same keys
-//!    in the partition that holds each, as if finding the partition were free: the anchor for
-//!    open and replays;
+//!    (`probe.rs`);
+//! 3. reads the file whole again, opens it with plain redb under the same page cache, and
+//!    reads the same keys in the partition that holds each, as if finding the partition were
+//!    free: the anchor for open and replays;
+//! 4. drops the page cache (root only; the table says when it could not) and opens the store
+//!    in a new process: open time, resident memory after the open and its peak; then again,
+//!    the page cache warm: open time and memory; then with `verify_on_open`;
 //! 5. drops the page cache again and opens idemdb with `verify_on_open`; then opens it,
 //!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers;
 //!    then the same again, the recovering open with `verify_on_open`.
@@ -82,15 +82,28 @@ fn main() {
         let path = root.path().join(format!("scale-{records}.idemdb"));
         println!("{records} records: loading into {}", path.display());
         let loaded = load::fill(&path, records);
-        // The builder's defaults: no `verify_on_open`. Replays and fresh reserves first, the
-        // file in the operating system's page cache as the load left it (after the cache is
-        // dropped, an open reads little of the file, and replays read the disk).
+        // The builder's defaults: no `verify_on_open`. Replays and fresh reserves first, then
+        // plain redb's point reads, each after the file was read whole into the operating
+        // system's page cache: the load leaves part of a file larger than the memory left
+        // beside the earlier sizes' files on the disk only, and plain redb's probe reads each
+        // key once before its clock starts (to find its partition), so without this idemdb's
+        // replays alone would read the disk. (After the cache is dropped, an open reads
+        // little of the file, and replays read the disk.)
         let idemdb = probe::Job::Idemdb {
             replay: plan.replay_time,
             fresh: plan.fresh_reserves,
             verify: false,
         };
+        probe::read_whole(&path);
         let reads = probe::run(idemdb, &path, records);
+        probe::read_whole(&path);
+        let redb = probe::run(
+            probe::Job::Redb {
+                replay: plan.replay_time,
+            },
+            &path,
+            records,
+        );
         let open_only = |verify| probe::Job::Idemdb {
             replay: std::time::Duration::ZERO,
             fresh: 0,
@@ -100,13 +113,6 @@ fn main() {
         let first = probe::run(open_only(false), &path, records);
         let warm = probe::run(open_only(false), &path, records);
         let verified = probe::run(open_only(true), &path, records);
-        let redb = probe::run(
-            probe::Job::Redb {
-                replay: plan.replay_time,
-            },
-            &path,
-            records,
-        );
         let cold_again = plan.drop_page_cache && probe::drop_page_cache();
         let cold_verified = probe::run(open_only(true), &path, records);
         let killed = |from| probe::Job::Killed {

@@ -326,6 +326,18 @@ fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
     })
 }
 
+/// Reads the file at `path` and its log from start to end, so that the operating system's
+/// page cache holds as much of them as it can (the most recently read parts, if not all).
+pub fn read_whole(path: &Path) {
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    for file in [path.to_path_buf(), PathBuf::from(log)] {
+        if let Ok(mut f) = std::fs::File::open(&file) {
+            let _ = std::io::copy(&mut f, &mut std::io::sink());
+        }
+    }
+}
+
 /// Asks the kernel to drop its page cache (clean pages), so that the next open reads the file
 /// from the disk. Says whether it could (root only).
 pub fn drop_page_cache() -> bool {

@@ -16,7 +16,7 @@ pub struct Row {
     pub loaded: Loaded,
     /// Whether the page cache was dropped before the cold open.
     pub cold: bool,
-    /// idemdb opened first after the load, the file in the page cache as the load left it:
+    /// idemdb opened first after the load, the file read whole into the page cache first:
     /// replays and fresh reserves.
     pub reads: Value,
     /// idemdb opened after the page cache was dropped (if `cold`).
