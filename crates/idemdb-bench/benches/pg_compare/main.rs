@@ -12,7 +12,8 @@
 //! - `pg_lifecycle_{1,4,16,64}`: reserve + complete of fresh keys by N caller threads (one
 //!   criterion iteration = one lifecycle on each thread), PgStore's pool and the baseline
 //!   holding N connections; the CPU the whole machine (bench and server) and this process
-//!   spent per lifecycle, from /proc, over the cell;
+//!   spent per lifecycle, from /proc, over the cell; for both PostgreSQL subjects, the WAL
+//!   bytes the server wrote per lifecycle over the timed loops (`pg_current_wal_lsn()`);
 //! - `pg_replay_{1,4}`: reserve of a completed key (one of 2,000 preloaded), by 1 and 4
 //!   callers.
 //!
@@ -141,7 +142,7 @@ fn default_retention() -> Retention {
 fn lifecycle(c: &mut Criterion, rt: &Runtime, root: &Path, threads: usize) {
     let cell = format!("pg_lifecycle_{threads}");
     let scope = Scope::new(OPERATION, PRINCIPAL);
-    cell_of_callers(c, &cell, threads, |kind| {
+    cell_of_callers(c, rt.handle(), &cell, threads, |kind| {
         let opened = Opened::open(kind, rt.handle(), root, threads, default_retention(), None);
         let subject = opened.subject.clone();
         let handle = rt.handle().clone();
@@ -157,7 +158,7 @@ fn lifecycle(c: &mut Criterion, rt: &Runtime, root: &Path, threads: usize) {
 fn replay(c: &mut Criterion, rt: &Runtime, root: &Path, keys: u64, threads: usize) {
     let cell = format!("pg_replay_{threads}");
     let scope = Scope::new(OPERATION, PRINCIPAL);
-    cell_of_callers(c, &cell, threads, |kind| {
+    cell_of_callers(c, rt.handle(), &cell, threads, |kind| {
         let handle: Handle = rt.handle().clone();
         let opened = Opened::open(kind, &handle, root, 16, default_retention(), None);
         let subject = opened.subject.clone();
@@ -172,10 +173,11 @@ fn replay(c: &mut Criterion, rt: &Runtime, root: &Path, keys: u64, threads: usiz
 }
 
 /// One criterion cell of `threads` callers running `op` on each subject, opened by `open`
-/// when the cell starts and closed (callers first) when it ends; the latencies and the CPU
-/// spent per operation go to the report.
+/// when the cell starts and closed (callers first) when it ends; the latencies, the CPU and
+/// (PostgreSQL) the WAL written per operation go to the report.
 fn cell_of_callers(
     c: &mut Criterion,
+    rt: &Handle,
     cell: &str,
     threads: usize,
     open: impl Fn(Kind) -> (Op, Opened),
@@ -185,15 +187,20 @@ fn cell_of_callers(
         let mut state: Option<(Callers, Opened)> = None;
         let mut latencies = Vec::new();
         let (mut used, mut ops) = (cpu::Usage::default(), 0u64);
+        let mut wal: Option<f64> = None;
         g.bench_function(kind.id(), |b| {
-            let (callers, _) = state.get_or_insert_with(|| {
+            let (callers, opened) = state.get_or_insert_with(|| {
                 let (op, opened) = open(kind);
                 (Callers::new(threads, op), opened)
             });
             b.iter_custom(|iters| {
+                let wal_before = opened.wal_position(rt);
                 let before = cpu::Usage::now();
                 let took = callers.run(iters, &mut latencies);
                 used.add(cpu::Usage::now().since(before));
+                if let (Some(w0), Some(w1)) = (wal_before, opened.wal_position(rt)) {
+                    *wal.get_or_insert_default() += w1 - w0;
+                }
                 ops += iters * threads as u64;
                 took
             });
@@ -202,6 +209,9 @@ fn cell_of_callers(
             drop(state);
             report::ran(cell, kind, &mut latencies);
             report::cpu(cell, kind, used, ops);
+            if let Some(wal) = wal {
+                report::wal(cell, kind, wal, ops);
+            }
         }
     }
     g.finish();

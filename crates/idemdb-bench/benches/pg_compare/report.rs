@@ -59,6 +59,14 @@ pub fn cpu(cell: &str, kind: Kind, used: crate::shared::cpu::Usage, ops: u64) {
     record(cell, kind, "cpu_process_us", per(used.process));
 }
 
+/// The WAL bytes the server wrote over `ops` operations of `kind` in `cell`.
+pub fn wal(cell: &str, kind: Kind, bytes: f64, ops: u64) {
+    if ops == 0 {
+        return;
+    }
+    record(cell, kind, "wal_bytes", bytes / ops as f64);
+}
+
 /// Criterion's median ns per iteration of `kind` in `cell`, if it ran in this run (and this
 /// is not criterion's test mode, which measures nothing).
 fn median(cell: &str, kind: Kind, test_mode: bool) -> Option<f64> {
@@ -133,6 +141,12 @@ impl Summary {
                 2,
             );
             self.cpu_rows(&cell, "lifecycle");
+            self.row(
+                &cell,
+                "WAL bytes per lifecycle ↓",
+                all(&|k| side(&cell, k, "wal_bytes")),
+                0,
+            );
         }
         for &n in replayers {
             let cell = format!("pg_replay_{n}");
@@ -149,6 +163,12 @@ impl Summary {
                 1,
             );
             self.cpu_rows(&cell, "replay");
+            self.row(
+                &cell,
+                "WAL bytes per replay ↓",
+                all(&|k| side(&cell, k, "wal_bytes")),
+                0,
+            );
         }
     }
 

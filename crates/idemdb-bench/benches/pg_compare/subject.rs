@@ -53,6 +53,8 @@ pub enum Subject {
 /// A store and what keeps it alive (the embedded engine's directory).
 pub struct Opened {
     pub subject: Subject,
+    /// The database, for a PostgreSQL subject.
+    url: Option<String>,
     /// The store's time moved by hand: the embedded engine's clock, or the server's.
     clock: Option<Clock>,
     _dir: Option<TempDir>,
@@ -71,6 +73,31 @@ impl Opened {
             Some(Clock::Server(c)) => c.set(ms).expect("set the server's time"),
             None => panic!("the store was opened without a clock"),
         }
+    }
+}
+
+impl Opened {
+    /// The server's WAL position now (`pg_current_wal_lsn()`, in bytes), for a PostgreSQL
+    /// subject: the difference of two is the WAL the whole cluster wrote between them, to the
+    /// byte and at once (`pg_stat_wal`'s counters reach the view up to a second late).
+    pub fn wal_position(&self, rt: &Handle) -> Option<f64> {
+        let url = self.url.as_deref()?;
+        rt.block_on(async {
+            let (client, connection) = idemdb_postgres::tokio_postgres::connect(
+                url,
+                idemdb_postgres::tokio_postgres::NoTls,
+            )
+            .await
+            .expect("connect for the WAL position");
+            let connection = tokio::spawn(connection);
+            let row = client
+                .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8", &[])
+                .await
+                .expect("pg_current_wal_lsn");
+            drop(client);
+            let _ = connection.await;
+            Some(row.get(0))
+        })
     }
 }
 
@@ -111,6 +138,7 @@ impl Opened {
                     .expect("open idemdb");
                 Opened {
                     subject: Subject::Embedded(Arc::new(db)),
+                    url: None,
                     clock: clock.map(Clock::Manual),
                     _dir: Some(dir),
                 }
@@ -120,6 +148,7 @@ impl Opened {
                 let url = fresh_database();
                 Opened {
                     subject: Subject::Table(Arc::new(Table::open(rt, &url, pool))),
+                    url: Some(url),
                     clock: None,
                     _dir: None,
                 }
@@ -137,6 +166,7 @@ impl Opened {
                 let store = rt.block_on(builder.connect()).expect("connect");
                 Opened {
                     subject: Subject::Pg(Arc::new(store)),
+                    url: Some(url),
                     clock,
                     _dir: None,
                 }
