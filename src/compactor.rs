@@ -40,9 +40,11 @@ pub struct CompactionReport {
     /// Partitions whose window closed that got their summary (their keys kept beside them,
     /// so that an open and their drop need not read them).
     pub partitions_summarized: u64,
-    /// Wide partitions built from the narrow partitions of their window, once it closed.
+    /// Wide partitions built from the narrow partitions of their window, once it closed, and
+    /// groups built from their hours (a TTL of 48 h or more; docs/design.md §8.8).
     pub wide_partitions_built: u64,
-    /// Narrow partitions merged into them (their records moved, their tables dropped).
+    /// Partitions merged into them (narrow ones, and a group's hours; their records moved,
+    /// their tables dropped).
     pub partitions_widened: u64,
 }
 

@@ -4,6 +4,11 @@
 //! and one table written in key order holds the same records in fewer pages (its leaves are
 //! filled, not split at random), in far fewer tables for a lookup, an open and a drop to visit.
 //!
+//! Under a TTL of two days or more (with the defaults), closed hours are merged again into
+//! groups of 1/24 of the TTL (`PartitionName::wide`'s second level), so that a lookup asks
+//! about 24 filters, not one per hour of the TTL; the narrow partitions of a group that closed
+//! go into it straight. Below, "narrow" means the partitions merged, of either level.
+//!
 //! A wide partition is an ordinary partition (`idemdb_p_…`) whose width is a multiple of the
 //! configured one (`PartitionName::wide`): it is looked up, summarised, dropped and
 //! recognised like any other, and no batch ever places a record in it (a record goes to the
@@ -63,11 +68,19 @@ pub(crate) fn widen(writer: &Writer, now: u64) -> Result<Widened, Error> {
     let layout = &engine.layout;
     discard_stale_builds(writer)?;
     let catalog = layout.partitions.catalog();
+    let rules = &layout.rules;
     let mut windows: BTreeMap<PartitionName, Vec<Arc<Partition>>> = BTreeMap::new();
     for part in catalog.parts() {
-        let Some(wide) = part.name.wide(&layout.rules) else {
+        let Some(mut wide) = part.name.wide(rules) else {
             continue;
         };
+        // A narrow partition whose group (partition.rs) closed goes into it straight: its hour
+        // is not built only to be merged again.
+        if let Some(group) = wide.wide(rules)
+            && group.start.saturating_add(group.width) <= now
+        {
+            wide = group;
+        }
         // Closed (nothing more is placed in it unless the clock goes back), not due yet
         // (dropping the narrow ones costs less than building it).
         if part.is_closed(now)
@@ -211,6 +224,14 @@ fn build(
     let indexed = filter_row.is_none();
     let mut narrow_ids: Vec<_> = narrow.iter().map(|p| p.id).collect();
     narrow_ids.sort_unstable();
+    // The key index names a partition only if it has no filter (a narrow one, or a wide one
+    // whose filter did not build): a group's hours are found through their filters.
+    let mut indexed_ids: Vec<_> = narrow
+        .iter()
+        .filter(|p| p.filter().is_none())
+        .map(|p| p.id)
+        .collect();
+    indexed_ids.sort_unstable();
     #[cfg(feature = "test-hooks")]
     if let Some(hook) = engine.before_widening_switch.lock().take() {
         hook();
@@ -251,7 +272,9 @@ fn build(
         Ok(true) => {
             // After the commit: a lookup that still finds a narrow id skips it, as the
             // catalog no longer has it.
-            layout.index.remove_keys_of(&summary.hashes, &narrow_ids);
+            if !indexed_ids.is_empty() {
+                layout.index.remove_keys_of(&summary.hashes, &indexed_ids);
+            }
             Ok(Some(count))
         }
         Ok(false) => {

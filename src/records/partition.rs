@@ -26,14 +26,20 @@ const PREFIX: &str = "idemdb_p_";
 /// pass is deleted by the next.
 const BUILD_PREFIX: &str = "idemdb_b_";
 
-/// A wide partition spans about this fraction of its TTL (widen.rs): its records stay on disk
-/// up to 1/16 of a TTL after they expired, and the records of its window wait in narrow
-/// partitions until it closed.
+/// A wide partition of the first level (narrow partitions merged) spans about this fraction
+/// of its TTL (widen.rs): its records stay on disk up to 1/16 of a TTL after they expired, and
+/// the records of its window wait in narrow partitions, in the key index, until it closed.
 const WIDE_PER_TTL: u64 = 16;
 
-/// A wide partition spans at most this (ms): it is built in one pass, which holds its keys'
-/// hashes in memory (8 B each) until the switch.
+/// A wide partition of the first level spans at most this (ms): the key index, which holds
+/// the records of the window still open, holds an hour of them at most.
 const WIDE_AT_MOST_MS: u64 = 3_600_000;
+
+/// A group (the second level: wide partitions of the first merged) spans about this fraction
+/// of a TTL over a day, so that a lookup asks about 24 groups' filters plus those of the open
+/// group's hours (§8.3) instead of a filter per hour. A build holds its keys' hashes in memory
+/// until the switch: at most about 1/24 of the records a TTL holds, as an hour of a 24 h TTL.
+const GROUPS_PER_TTL: u64 = 24;
 
 /// In-process identity of a partition, for the key index. Ids wrap back to 1 only after
 /// 4 billion partitions were created in one process.
@@ -99,20 +105,27 @@ impl PartitionName {
         table.starts_with(BUILD_PREFIX)
     }
 
-    /// The wide partition whose window holds this one's, if this is a partition of the
-    /// configured width whose records a wide partition gathers: the widest multiple of the
-    /// width that is at most 1/16 of the TTL and at most an hour, aligned on the epoch, at
-    /// least twice the width (a TTL under 32 widths gets none).
+    /// The wide partition whose window holds this one's, if its records are gathered into a
+    /// wider one (widen.rs), aligned on the epoch:
+    /// - a partition of the configured width: the widest multiple of the width that is at
+    ///   most 1/16 of the TTL and at most an hour, at least twice the width (a TTL under 32
+    ///   widths gets none);
+    /// - a wide partition of that first level: its group, the widest multiple of the first
+    ///   level's width that is at most 1/24 of the TTL, at least twice it (a TTL of 48 hours
+    ///   or more, with the defaults).
     pub(crate) fn wide(&self, rules: &Rules) -> Option<PartitionName> {
         let width = rules.width_ms;
-        if width == 0 || self.width != width {
+        if width == 0 {
             return None;
         }
-        let per_wide = (self.ttl / WIDE_PER_TTL).min(WIDE_AT_MOST_MS) / width;
-        if per_wide < 2 {
+        let first = widest(width, (self.ttl / WIDE_PER_TTL).min(WIDE_AT_MOST_MS))?;
+        let wide = if self.width == width {
+            first
+        } else if self.width == first {
+            widest(first, self.ttl / GROUPS_PER_TTL)?
+        } else {
             return None;
-        }
-        let wide = per_wide.checked_mul(width)?;
+        };
         Some(PartitionName {
             start: self.start - self.start % wide,
             width: wide,
@@ -134,6 +147,12 @@ impl PartitionName {
             .saturating_add(self.width)
             .saturating_add(self.ttl)
     }
+}
+
+/// The widest multiple of `unit` that is at most `at_most`, if that is at least two of them.
+fn widest(unit: u64, at_most: u64) -> Option<u64> {
+    let n = at_most / unit;
+    if n < 2 { None } else { n.checked_mul(unit) }
 }
 
 /// A partition of the catalog: its name, and its in-process id for the key index.
@@ -464,7 +483,8 @@ mod tests {
     }
 
     #[test]
-    fn a_wide_window_is_a_sixteenth_of_the_ttl_at_most_an_hour_in_whole_widths() {
+    fn a_wide_window_is_a_sixteenth_of_the_ttl_at_most_an_hour_and_a_group_a_24th_in_whole_widths()
+    {
         use idemdb_core::retention::Retention;
         use std::time::Duration;
         let rules = |width_s: u64, ttl_s: u64| {
@@ -485,6 +505,30 @@ mod tests {
             wide(&day, 7_210_000, 7 * 86_400).map(|w| w.width),
             Some(3_600_000)
         );
+        // Under 7 days, the hours in groups of 7 (a 24th), aligned on the
+        // epoch; under 30 days, 30 h; under 47 h, none (a 24th is under two hours).
+        let week = 7 * 86_400_000;
+        let hour = |start: u64, ttl: u64| name(start, 3_600_000, ttl);
+        assert_eq!(
+            hour(8 * 3_600_000, week).wide(&day),
+            Some(name(7 * 3_600_000, 7 * 3_600_000, week))
+        );
+        assert_eq!(
+            hour(6 * 3_600_000, week).wide(&day).map(|w| w.start),
+            Some(0)
+        );
+        assert_eq!(
+            hour(0, 30 * 86_400_000).wide(&day).map(|w| w.width),
+            Some(30 * 3_600_000)
+        );
+        assert_eq!(hour(0, 47 * 3_600_000).wide(&day), None);
+        assert_eq!(
+            hour(0, 48 * 3_600_000).wide(&day).map(|w| w.width),
+            Some(7_200_000)
+        );
+        // A group is widened no further; an hour under a 24 h TTL neither.
+        assert_eq!(name(0, 7 * 3_600_000, week).wide(&day), None);
+        assert_eq!(hour(0, 86_400_000).wide(&day), None);
         // 1 min under 60 min: 3 min 45 s, in whole widths 3 min, aligned on the epoch.
         let hour = rules(60, 3_600);
         assert_eq!(

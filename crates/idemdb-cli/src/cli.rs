@@ -106,7 +106,8 @@ pub enum Command {
         limit: Option<u64>,
     },
     /// One compaction pass now: drop expired partitions, sweep abandoned reservations, retire
-    /// horizon sets, summarise closed partitions and merge those of a closed hour into one.
+    /// horizon sets, summarise closed partitions, merge those of a closed hour into one and,
+    /// under a TTL of 48 h or more, the hours of a closed group (1/24 of the TTL) into one.
     Compact {
         /// The database file.
         path: PathBuf,

@@ -246,23 +246,31 @@ fn killed(path: &Path, writes: u64, from: u64) -> Value {
 }
 
 /// The table of the partition that holds record `id`: the wide partition of its window once
-/// widened (docs/design.md §8.8: 1 hour wide under a 7-day TTL), else the narrow partition of
-/// its write, or a later one. The load's clock only moves forward, so a caller that fell
-/// behind the others writes at their time; with records milliseconds apart that is the same
-/// window or the next (whose wide partition is tried too).
+/// widened (docs/design.md §8.8: 1 hour wide under a 7-day TTL, and the hours of a closed
+/// 7-hour group merged into it), else the narrow partition of its write, or a later one. The
+/// load's clock only moves forward, so a caller that fell behind the others writes at their
+/// time; with records milliseconds apart that is the same window or the next (whose wide
+/// partitions are tried too).
 fn table_of(txn: &redb::ReadTransaction, id: u64, records: u64) -> String {
-    const WIDE_MS: u64 = 3_600_000;
+    const HOUR_MS: u64 = 3_600_000;
+    const GROUP_MS: u64 = 7 * HOUR_MS;
     let width = Builder::DEFAULT_PARTITION_WIDTH.as_millis() as u64;
     let ttl = TTL.as_millis() as u64;
     let key = stored_key(id);
     let first = written_at(id, records) / width * width;
-    let wide = |start: u64| {
-        let start = start - start % WIDE_MS;
-        format!("idemdb_p_{start:020}_{WIDE_MS}_{ttl}")
+    let wide = |start: u64, wide: u64| {
+        let start = start - start % wide;
+        format!("idemdb_p_{start:020}_{wide}_{ttl}")
     };
     (first..=day_end())
         .step_by(width as usize)
-        .flat_map(|start| [wide(start), format!("idemdb_p_{start:020}_{width}_{ttl}")])
+        .flat_map(|start| {
+            [
+                wide(start, GROUP_MS),
+                wide(start, HOUR_MS),
+                format!("idemdb_p_{start:020}_{width}_{ttl}"),
+            ]
+        })
         .find(|name| {
             txn.open_table(TableDefinition::<&[u8], &[u8]>::new(name))
                 .is_ok_and(|t| {

@@ -9,8 +9,8 @@ pub const RESPONSE: &[u8; 200] = b"201 Created\r\ncontent-type: application/json
 /// The domain's horizon: records count for 7 days.
 pub const TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The simulated days the records of one size are written over: `IDEMDB_SCALE_DAYS` (1 to 7,
-/// the TTL: nothing expires), one by default. Seven is the steady state of a 7-day TTL: a
-/// wide partition per hour of the week.
+/// the TTL: nothing expires), one by default. Seven is the steady state of a 7-day TTL: 24
+/// groups of 7 hours (docs/design.md §8.8).
 pub fn days() -> u64 {
     std::env::var("IDEMDB_SCALE_DAYS")
         .ok()
