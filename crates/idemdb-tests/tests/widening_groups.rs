@@ -7,10 +7,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
-use common::{LEASE, T0, acquired, finish, open_retained, partition_tables, reopenable};
-use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Retention, Scope};
+use common::{LEASE, T0, acquired, finish, minutes, open_retained, partition_tables, reopenable};
+use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Scope};
 
 /// 1-minute partitions under a 48-hour TTL: hours, and groups of two hours.
 const HOUR: u64 = 3_600_000;
@@ -34,11 +33,7 @@ fn scope() -> Scope {
 }
 
 fn open(path: &Path, clock: &ManualClock) -> IdemDb {
-    let retention = Retention::default()
-        .ttl(Duration::from_millis(TTL))
-        .partition_width(Duration::from_secs(60))
-        .compact_interval(None);
-    open_retained(path, clock, retention)
+    open_retained(path, clock, minutes(TTL / MINUTE))
 }
 
 fn table(start: u64, width: u64) -> String {
@@ -47,7 +42,11 @@ fn table(start: u64, width: u64) -> String {
 
 fn filled(path: &Path, clock: &ManualClock) -> IdemDb {
     clock.set(G);
-    let db = open(path, clock);
+    fill(open(path, clock), clock)
+}
+
+/// Completes 50 keys `{prefix}-{i}` at each of [`FILLS`]' times.
+fn fill(db: IdemDb, clock: &ManualClock) -> IdemDb {
     for (prefix, at) in FILLS {
         clock.set(G + at);
         for i in 0..50 {
@@ -160,17 +159,7 @@ fn the_narrow_partitions_of_a_group_that_closed_go_into_it_straight() {
 fn under_a_ttl_of_a_day_hours_are_not_grouped() {
     let (_dir, path, clock) = reopenable();
     clock.set(G);
-    let retention = Retention::default()
-        .ttl(Duration::from_millis(24 * HOUR))
-        .partition_width(Duration::from_secs(60))
-        .compact_interval(None);
-    let db = open_retained(&path, &clock, retention);
-    for (prefix, at) in FILLS {
-        clock.set(G + at);
-        for i in 0..5 {
-            finish(&db, &scope(), &format!("{prefix}-{i}"), "r");
-        }
-    }
+    let db = fill(open_retained(&path, &clock, minutes(24 * 60)), &clock);
     clock.set(G + GROUP + 1_000);
     let report = db.compact_now().unwrap();
     assert_eq!(
