@@ -13,11 +13,13 @@ use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::engine_tables::INFLIGHT;
 use crate::error::Error;
+use crate::reclaim::reclaim;
 use crate::recognition::{index_pending, retire_horizon};
 use crate::records::filter;
 use crate::records::horizon::{row_key, sweep_source, write_row};
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::Partition;
+use crate::records::retired::Retirer;
 use crate::records::summary::{self, SUMMARIES, Summary};
 use crate::stats::Counter;
 use crate::widen::widen;
@@ -44,8 +46,12 @@ pub struct CompactionReport {
     /// groups built from their hours (a TTL of 48 h or more; docs/design.md §8.8).
     pub wide_partitions_built: u64,
     /// Partitions merged into them (narrow ones, and a group's hours; their records moved,
-    /// their tables dropped).
+    /// their tables retired).
     pub partitions_widened: u64,
+    /// Tables whose pages were freed: those of partitions dropped or merged, which leave the
+    /// catalog by a rename and are deleted later in steps of bounded size (docs/design.md
+    /// §8.9), this pass or a later one.
+    pub tables_reclaimed: u64,
 }
 
 /// Partitions dropped in one durable commit, at most, and the records in them: a pass holds
@@ -101,6 +107,7 @@ pub(crate) fn compact(writer: &Writer, now: u64) -> Result<CompactionReport, Err
     let widened = widen(writer, now)?;
     report.wide_partitions_built = widened.built;
     report.partitions_widened = widened.merged;
+    report.tables_reclaimed = reclaim(writer)?;
     report.in_flight_expired = sweep_in_flight(writer, now)?;
     index_pending(writer, now)?;
     report.horizon_sets_retired = retire_horizon(writer, now)?;
@@ -120,6 +127,7 @@ fn drop_partitions(
         Touches::Records,
         |txn| {
             let mut dropped = Vec::with_capacity(step.len());
+            let mut retirer = Retirer::new(txn)?;
             for (part, read) in step {
                 let keys = match txn.open_table(part.table()) {
                     // A batch that read the clock before this pass did may have added a
@@ -132,7 +140,9 @@ fn drop_partitions(
                     Err(redb::TableError::TableDoesNotExist(_)) => Summary::default(),
                     Err(e) => return Err(e.into()),
                 };
-                txn.delete_table(part.table())?;
+                // Its pages are freed by later steps (reclaim.rs): deleting a large table
+                // here would hold the writer for as long as visiting every page of it.
+                retirer.retire(txn, &part.table)?;
                 summary::remove(txn, &part.table)?;
                 filter::remove(txn, &part.table)?;
                 let until = part.name.horizon(&layout.rules);

@@ -64,6 +64,7 @@ mod scan;
 // The engine's shared state, the group-commit writer, the compactor above it.
 mod compactor;
 mod engine;
+mod reclaim;
 mod recognition;
 mod widen;
 mod writer;

@@ -15,7 +15,8 @@
 //! partition of the configured width). It is built under another name
 //! (`PartitionName::build_table_name`) in steps that each hold the writer for a bounded
 //! time, then, in one durable transaction, renamed to its own while the narrow ones are
-//! deleted, so that every record is in exactly one of them at every commit.
+//! retired (records/retired.rs: renamed out of the catalog, their pages freed by later
+//! steps), so that every record is in exactly one of them at every commit.
 //!
 //! Safety:
 //! - The narrow partitions' records are read outside the writer; the switch checks under the
@@ -28,7 +29,7 @@
 //!   switch commits), and the key index forgets the narrow ones only after it: a lookup under
 //!   either catalog finds the record.
 //! - A build table left by a crash or a failed pass is never read as a partition, and is
-//!   deleted by the next pass before it builds anything.
+//!   retired by the next pass before it builds anything.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -41,6 +42,7 @@ use crate::error::Error;
 use crate::records::filter::{self, FilterRow, KeyFilter};
 use crate::records::head::TableHead;
 use crate::records::partition::{Partition, PartitionName, partition_tables_with};
+use crate::records::retired::Retirer;
 use crate::records::summary::{self, Summary};
 use crate::writer::{Touches, Writer};
 
@@ -113,8 +115,8 @@ pub(crate) fn widen(writer: &Writer, now: u64) -> Result<Widened, Error> {
     Ok(widened)
 }
 
-/// Deletes build tables left by a crash or a failed pass: no build is under way between
-/// passes, and passes are serialised.
+/// Retires build tables left by a crash or a failed pass (their pages are freed by reclaim.rs):
+/// no build is under way between passes, and passes are serialised.
 fn discard_stale_builds(writer: &Writer) -> Result<(), Error> {
     let stale = {
         let read = writer.engine.db.begin_read()?;
@@ -126,8 +128,9 @@ fn discard_stale_builds(writer: &Writer) -> Result<(), Error> {
     writer.exclusive(
         Touches::RowsBeside,
         |txn| {
+            let mut retirer = Retirer::new(txn)?;
             for name in &stale {
-                txn.delete_table(TableDefinition::<&[u8], &[u8]>::new(name))?;
+                retirer.retire(txn, name)?;
             }
             Ok(())
         },
@@ -247,8 +250,10 @@ fn build(
                     Err(e) => return Err(e.into()),
                 }
             }
+            // Retired, not deleted: their pages are freed by later steps (reclaim.rs).
+            let mut retirer = Retirer::new(txn)?;
             for p in narrow {
-                txn.delete_table(p.table())?;
+                retirer.retire(txn, &p.table)?;
                 summary::remove(txn, &p.table)?;
                 filter::remove(txn, &p.table)?;
             }

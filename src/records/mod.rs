@@ -8,6 +8,7 @@
 //! - head.rs: what a row kept beside a partition says of its table, and whether it holds;
 //! - filter.rs: a wide partition's keys as a filter, found without the key index;
 //! - partition.rs: partition names, a record's window, and the catalog;
+//! - retired.rs: tables that left the catalog, their pages not freed yet;
 //! - memory.rs: what a hash map of so many entries costs;
 //! - key_index.rs: which partitions may hold a key;
 //! - recognised.rs: recognised keys on disk, by hash;
@@ -29,6 +30,7 @@ pub(crate) mod overlay;
 pub(crate) mod partition;
 pub(crate) mod recognised;
 pub(crate) mod replay_cache;
+pub(crate) mod retired;
 pub(crate) mod snapshot;
 pub(crate) mod summary;
 pub(crate) mod txn;

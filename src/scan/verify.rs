@@ -17,6 +17,7 @@ use crate::records::horizon::{
 use crate::records::key_index::KeyIndex;
 use crate::records::partition::{PartitionName, partition_names};
 use crate::records::recognised::{RECOGNISED_KEYS, UNINDEXED, unindexed_rows, until_of};
+use crate::records::retired::is_retired_table;
 use crate::records::summary::{SUMMARIES, Summary};
 use idemdb_core::scope::RecordKey;
 
@@ -133,9 +134,10 @@ impl<P: FnMut(u64)> Check<'_, P> {
                                 width, ttl): the catalog ignores it, its records are never read";
                     self.problem(&name, None, what.to_string());
                 }
-            } else if PartitionName::is_build_table(&name) {
+            } else if PartitionName::is_build_table(&name) || is_retired_table(&name) {
                 // A wide partition being built, or one a crash left: the next compaction
-                // pass deletes it; never read as a partition.
+                // pass retires it. A retired table: later passes free its pages. Neither is
+                // ever read as a partition.
             } else if ![
                 META.name(),
                 INFLIGHT.name(),

@@ -299,19 +299,21 @@ pub fn compact(ctx: &mut Ctx, path: &Path, global: &Global) -> Result<u8, CliErr
             "partitions_summarized": report.partitions_summarized,
             "wide_partitions_built": report.wide_partitions_built,
             "partitions_widened": report.partitions_widened,
+            "tables_reclaimed": report.tables_reclaimed,
         }))?;
     } else {
         ctx.out.line(&format!(
             "dropped {} partitions ({} expired records), swept {} abandoned reservations, \
              retired {} horizon sets, summarised {} partitions, built {} wide partitions \
-             from {}",
+             from {}, freed {} tables",
             report.partitions_dropped,
             report.records_expired,
             report.in_flight_expired,
             report.horizon_sets_retired,
             report.partitions_summarized,
             report.wide_partitions_built,
-            report.partitions_widened
+            report.partitions_widened,
+            report.tables_reclaimed
         ))?;
     }
     Ok(code::OK)

@@ -49,7 +49,7 @@ const IDEMDB: &[(&str, &[&str])] = &[
     ("the group-commit writer", &["writer"]),
     (
         "background work above the writer",
-        &["compactor", "widen", "recognition"],
+        &["compactor", "widen", "reclaim", "recognition"],
     ),
     ("the handle and its builder", &["settings", "db", "builder"]),
     ("the public operations", &["ops"]),
@@ -236,7 +236,10 @@ const BENCH_SCALE: &[(&str, &[&str])] = &[
     ("shared: keys, quantiles, the report's pieces", &["shared"]),
     ("what is stored, and when", &["settings"]),
     ("the load", &["load"]),
-    ("the measurements, each in a process of its own", &["probe"]),
+    (
+        "the measurements: each store's in a process of its own; a build beside one caller",
+        &["probe", "build"],
+    ),
     ("the table", &["report"]),
 ];
 const BENCH_TAIL: &[(&str, &[&str])] = &[

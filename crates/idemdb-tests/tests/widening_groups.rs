@@ -2,14 +2,19 @@
 //! hours are merged again into one partition per 1/24 of the TTL, so that a lookup asks a
 //! bounded number of filters. The hours' records, and the narrow partitions of a group that
 //! closed, answer byte for byte through the group, across a reopen, until it drops whole and
-//! its keys are recognised.
+//! its keys are recognised. A power loss inside each sync of a group's build, or a write
+//! failing in it, loses nothing.
 
 mod common;
 
 use std::path::Path;
 
-use common::{LEASE, T0, acquired, finish, minutes, open_retained, partition_tables, reopenable};
+use common::{
+    LEASE, T0, acquired, each_power_loss, each_write_failure, finish, minutes, open_retained,
+    partition_tables, reopenable,
+};
 use idemdb::{IdemDb, Key, ManualClock, ReserveOutcome, Scope};
+use idemdb_testkit::{FaultBackend, TearMode};
 
 /// 1-minute partitions under a 48-hour TTL: hours, and groups of two hours.
 const HOUR: u64 = 3_600_000;
@@ -175,5 +180,132 @@ fn under_a_ttl_of_a_day_hours_are_not_grouped() {
             format!("idemdb_p_{G:020}_{HOUR}_{day}"),
             format!("idemdb_p_{:020}_{HOUR}_{day}", G + HOUR),
         ]
+    );
+}
+
+/// The database on `disk`, at `clock`, with 1-minute partitions under a 48-hour TTL.
+fn open_on_disk(disk: &FaultBackend, clock: &ManualClock) -> Result<IdemDb, idemdb::Error> {
+    IdemDb::builder()
+        .clock(clock.clone())
+        .retention(minutes(TTL / MINUTE))
+        .open_with_backend(disk.clone(), disk.log())
+}
+
+/// Responses big enough that a group's 200 records take more than one build step (2 MiB).
+fn big_response(key: &str) -> Vec<u8> {
+    let mut out = key.as_bytes().to_vec();
+    out.resize(16 << 10, b'.');
+    out
+}
+
+fn all_big_answer(db: &IdemDb) {
+    for (prefix, _) in FILLS {
+        for i in 0..50 {
+            let key = format!("{prefix}-{i}");
+            let got = db.reserve(&scope(), &Key::new(&key), b"x", LEASE).unwrap();
+            assert_eq!(got, ReserveOutcome::Completed(big_response(&key)), "{key}");
+        }
+    }
+}
+
+/// A disk whose group starting at `G` closed: its first hour built, its second hour's two
+/// narrow partitions not, all 200 records with big responses. The clock is left after the
+/// group's end.
+fn closed_group(clock: &ManualClock) -> FaultBackend {
+    let disk = FaultBackend::new();
+    {
+        clock.set(G);
+        let db = open_on_disk(&disk, clock).unwrap();
+        for (prefix, at) in FILLS {
+            clock.set(G + at);
+            for i in 0..50 {
+                let key = format!("{prefix}-{i}");
+                finish(&db, &scope(), &key, big_response(&key));
+            }
+        }
+        clock.set(G + HOUR + 1_000);
+        let report = db.compact_now().unwrap();
+        assert_eq!(
+            (report.wide_partitions_built, report.partitions_widened),
+            (1, 2)
+        );
+    }
+    clock.set(G + GROUP + 1_000);
+    disk.durable_disk()
+}
+
+/// Power lost inside each sync of the pass that builds a group (its build steps and the
+/// switch, each a durable commit), the pending writes dropped, kept or torn: the image opens,
+/// every record answers as stored, and the next pass leaves the group alone.
+#[test]
+fn power_lost_inside_each_sync_of_a_group_build_loses_nothing() {
+    let clock = ManualClock::new(G);
+    let before = closed_group(&clock);
+    let open = |disk: &FaultBackend| open_on_disk(disk, &clock).unwrap();
+    let mut switched = 0;
+    let (syncs, report) = each_power_loss(
+        &before,
+        |n| {
+            vec![
+                TearMode::DropAll,
+                TearMode::KeepAll,
+                TearMode::Random(n + 1),
+            ]
+        },
+        open,
+        |db| db.compact_now(),
+        |n, mode, image| {
+            let db =
+                open_on_disk(&image, &clock).unwrap_or_else(|e| panic!("sync {n} {mode:?}: {e}"));
+            all_big_answer(&db);
+            let report = db.verify(10, |_| {}).unwrap();
+            assert!(report.is_ok(), "sync {n} {mode:?}: {:?}", report.problems);
+            let built = db.compact_now().unwrap().wide_partitions_built;
+            switched += usize::from(built == 0);
+            let stats = db.stats();
+            assert_eq!(
+                (stats.partitions, stats.indexed_keys),
+                (1, 0),
+                "sync {n} {mode:?}"
+            );
+            all_big_answer(&db);
+        },
+    );
+    assert_eq!(
+        (report.wide_partitions_built, report.partitions_widened),
+        (1, 3)
+    );
+    assert!(syncs >= 3, "two build steps and a switch: {syncs} syncs");
+    assert!(switched > 0, "no power loss struck after the switch");
+    eprintln!("{syncs} syncs, switched before the loss in {switched} images");
+}
+
+/// A write that fails inside the pass that builds a group (a full disk, an I/O error): the
+/// pass fails, writes are refused until a reopen, and the reopened file answers every record
+/// and builds the group at its next pass.
+#[test]
+fn a_write_failing_inside_a_group_build_poisons_and_loses_nothing() {
+    let clock = ManualClock::new(G);
+    let before = closed_group(&clock);
+    let failed = each_write_failure(
+        &before,
+        &[0, 1, 2, 5, 20, 100, 400],
+        |disk| open_on_disk(disk, &clock).unwrap(),
+        |db| db.compact_now(),
+        |after, image| {
+            let db = open_on_disk(&image, &clock).unwrap();
+            all_big_answer(&db);
+            let report = db.compact_now().unwrap();
+            assert_eq!(
+                (report.wide_partitions_built, db.stats().partitions),
+                (1, 1),
+                "after {after}"
+            );
+            all_big_answer(&db);
+        },
+    );
+    assert!(
+        failed >= 5,
+        "the pass failed for only {failed} of 7 fault points"
     );
 }

@@ -104,47 +104,8 @@ pub struct Loaded {
 pub fn fill(path: &Path, records: u64) -> Loaded {
     let clock = ManualClock::new(T0_MS);
     let db = open_with(path, &clock, true, Some(LOAD_COMPACT_EVERY));
-    let scope = scope();
-    let next = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
-    // The clock only moves forward: a caller that would set it back leaves it.
-    let now = Mutex::new(T0_MS);
     let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..LOAD_THREADS {
-            s.spawn(|| {
-                loop {
-                    let id = next.fetch_add(1, Ordering::Relaxed);
-                    if id >= records {
-                        break;
-                    }
-                    let at = written_at(id, records);
-                    {
-                        let mut now = now.lock();
-                        if at > *now {
-                            *now = at;
-                            clock.set(at);
-                        }
-                    }
-                    let key = Key::new(key_bytes(id));
-                    match db
-                        .reserve(&scope, &key, &REQUEST[..], LEASE)
-                        .expect("reserve")
-                    {
-                        ReserveOutcome::Acquired(r) => {
-                            db.complete(&r, &RESPONSE[..]).expect("complete")
-                        }
-                        other => panic!("record {id} not acquired: {other:?}"),
-                    }
-                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n.is_multiple_of(5_000_000) {
-                        let rate = n as f64 / started.elapsed().as_secs_f64();
-                        println!("  loaded {n} of {records} ({rate:.0}/s)");
-                    }
-                }
-            });
-        }
-    });
+    write_completed(&db, &clock, records, |id| written_at(id, records), true);
     let took = started.elapsed();
     let rss = rss_bytes();
     let stats = db.stats();
@@ -173,6 +134,58 @@ pub fn fill(path: &Path, records: u64) -> Loaded {
         compact_took,
         partitions,
     }
+}
+
+/// Writes `records` completed records (ids `0..records`), by `LOAD_THREADS` callers, record
+/// `id` at the time `at(id)` (non-decreasing in `id`): the clock only moves forward, and a
+/// caller that would set it back leaves it. `progress`: a line every 5M records.
+pub fn write_completed(
+    db: &IdemDb,
+    clock: &ManualClock,
+    records: u64,
+    at: impl Fn(u64) -> u64 + Sync,
+    progress: bool,
+) {
+    let scope = scope();
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let now = Mutex::new(at(0));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..LOAD_THREADS {
+            s.spawn(|| {
+                loop {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id >= records {
+                        break;
+                    }
+                    let at = at(id);
+                    {
+                        let mut now = now.lock();
+                        if at > *now {
+                            *now = at;
+                            clock.set(at);
+                        }
+                    }
+                    let key = Key::new(key_bytes(id));
+                    match db
+                        .reserve(&scope, &key, &REQUEST[..], LEASE)
+                        .expect("reserve")
+                    {
+                        ReserveOutcome::Acquired(r) => {
+                            db.complete(&r, &RESPONSE[..]).expect("complete")
+                        }
+                        other => panic!("record {id} not acquired: {other:?}"),
+                    }
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    if progress && n.is_multiple_of(5_000_000) {
+                        let rate = n as f64 / started.elapsed().as_secs_f64();
+                        println!("  loaded {n} of {records} ({rate:.0}/s)");
+                    }
+                }
+            });
+        }
+    });
 }
 
 /// The size of the database file and its log, bytes.

@@ -5,14 +5,17 @@
 //! 1. loads a new store with that many completed records (100-byte requests, 200-byte
 //!    responses, 7-day TTL, default partitions), 64 callers, the clock moving through one
 //!    simulated day (`load.rs`): load rate, the loading process's resident memory, file size;
-//! 2. reads the file whole into the operating system's page cache, then opens the store in a
-//!    new process with the builder's defaults (no `verify_on_open`): replays of up to 500,000
-//!    random stored keys by one caller for 10 s (rate, p50, p99), resident memory after them,
-//!    then 2,000 reserves of fresh keys (p50, p99), against the same on an empty database
-//!    (`probe.rs`);
-//! 3. reads the file whole again, opens it with plain redb under the same page cache, and
-//!    reads the same keys in the partition that holds each, as if finding the partition were
-//!    free: the anchor for open and replays;
+//! 2. waits for the load's writes to reach the disk (`sync`), drops the page cache (root only)
+//!    and reads the file whole into it, then opens the store in a new process with the
+//!    builder's defaults (no `verify_on_open`) twice, the first untimed: replays of up to
+//!    500,000 random stored keys by one caller for 10 s (rate, p50, p99), resident memory
+//!    after them, then 2,000 reserves of fresh keys (p50, p99), against the same on an empty
+//!    database (`probe.rs`); each probe also says how much it read from the disk meanwhile
+//!    (none, when the page cache held the file);
+//! 3. drops the page cache and reads the file whole again, opens it with plain redb under the
+//!    same page cache, and reads the same keys (once untimed, to find the partition of each)
+//!    in the partition that holds each, as if finding the partition were free: the anchor for
+//!    open and replays;
 //! 4. drops the page cache (root only; the table says when it could not) and opens the store
 //!    in a new process: open time, resident memory after the open and its peak; then again,
 //!    the page cache warm: open time and memory; then with `verify_on_open`;
@@ -20,7 +23,9 @@
 //!    completes 1,000 new lifecycles and aborts (`kill -9`), and times the open that recovers;
 //!    then the same again, the recovering open with `verify_on_open`.
 //!
-//! Then, apart from the stores: the wide partitions' filters alone, and the table of
+//! Then, apart from the stores: the wide partitions' filters alone; an hour's wide partition
+//! built beside one caller timing lifecycles (`build.rs`; `IDEMDB_SCALE_BUILD=records,...`,
+//! default 416,667 and 2,083,334: an hour of 10M and 50M records a day); and the table of
 //! recognised keys alone (`IDEMDB_SCALE_RECOGNITION=held:entered,...`; default 30M:420k and
 //! 150M:2.1M, what factor 4 keeps of a 24 h TTL at 10M and 50M records a day, and an hour's
 //! drop).
@@ -36,6 +41,7 @@
 //! `target/bench-results/scale.md`. Under `cargo test --benches` one tiny size runs, and nothing
 //! is written.
 
+mod build;
 mod load;
 mod probe;
 mod report;
@@ -83,18 +89,28 @@ fn main() {
         println!("{records} records: loading into {}", path.display());
         let loaded = load::fill(&path, records);
         // The builder's defaults: no `verify_on_open`. Replays and fresh reserves first, then
-        // plain redb's point reads, each after the file was read whole into the operating
-        // system's page cache: the load leaves part of a file larger than the memory left
-        // beside the earlier sizes' files on the disk only, and plain redb's probe reads each
-        // key once before its clock starts (to find its partition), so without this idemdb's
-        // replays alone would read the disk. (After the cache is dropped, an open reads
-        // little of the file, and replays read the disk.)
+        // plain redb's point reads, each after the page cache was dropped and the file read
+        // whole into it: the load leaves part of the file on the disk only, other files'
+        // pages would crowd it out, and plain redb's probe reads each key once before its
+        // clock starts (to find its partition), so without this idemdb's replays alone would
+        // read the disk. Each probe reports what it read from the disk meanwhile. (After the
+        // cache is dropped, an open reads little of the file, and replays read the disk.)
         let idemdb = probe::Job::Idemdb {
             replay: plan.replay_time,
             fresh: plan.fresh_reserves,
             verify: false,
         };
         probe::read_whole(&path);
+        // Once untimed, as plain redb's probe reads its keys once before its clock starts:
+        // the pages its keys are on read once more, which the kernel keeps before pages read
+        // only by `read_whole` when memory runs short.
+        // (No fresh reserves in it: they would leave the measured run's keys in progress.)
+        let warm_up = probe::Job::Idemdb {
+            replay: plan.replay_time,
+            fresh: 0,
+            verify: false,
+        };
+        probe::run(warm_up, &path, records);
         let reads = probe::run(idemdb, &path, records);
         probe::read_whole(&path);
         let redb = probe::run(
@@ -167,6 +183,13 @@ fn main() {
         let (ns, rate) = idemdb::testing::filter_lookup_cost(filters, keys, lookups);
         println!("  {filters} filters of {keys} keys: {ns:.0} ns a lookup, false rate {rate:.4}");
         report.filters.push((filters, keys, ns, rate));
+    }
+    // A wide partition built beside one caller: an hour of 10M and 50M records a day.
+    for records in settings::build_shapes(test_mode) {
+        let alone = test_mode.then_some(std::time::Duration::from_millis(100));
+        let stall = build::measure(root.path(), records, alone);
+        println!("  an hour of {records} records built beside one caller: {stall}");
+        report.builds.push(stall);
     }
     // Recognised keys on disk: what factor 4 keeps (3 TTLs of a 24 h TTL) at 10M and 50M
     // records a day, and an hour's drop entered into it.

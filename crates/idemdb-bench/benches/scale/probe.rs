@@ -132,8 +132,10 @@ fn probe_ids(records: u64) -> Vec<u64> {
 /// answered from memory an earlier read of the same key filled), many enough for 10 s.
 const MAX_PROBES: u64 = 500_000;
 
-/// Latencies in ns, sorted: (ops per second over `spent`, p50, p99).
-fn summary(mut ns: Vec<u64>, spent: Duration) -> Value {
+/// Latencies in ns, sorted: (ops per second over `spent`, p50, p99), and the bytes this
+/// process read from the storage device meanwhile (`disk_from`: [`storage_read_bytes`] when
+/// the clock started), which says whether the page cache held what the operations read.
+fn summary(mut ns: Vec<u64>, spent: Duration, disk_from: u64) -> Value {
     ns.sort_unstable();
     let q = |q: f64| crate::shared::report::quantile(&ns, q).unwrap_or(0.0);
     json!({
@@ -141,7 +143,21 @@ fn summary(mut ns: Vec<u64>, spent: Duration) -> Value {
         "per_s": ns.len() as f64 / spent.as_secs_f64().max(1e-9),
         "p50_ns": q(0.5),
         "p99_ns": q(0.99),
+        "disk_read_bytes": storage_read_bytes().saturating_sub(disk_from),
     })
+}
+
+/// The bytes this process caused to be read from the storage device so far (Linux
+/// `/proc/self/io` `read_bytes`: reads the page cache answered are not counted; 0 elsewhere).
+fn storage_read_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("read_bytes:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: bool) -> Value {
@@ -154,6 +170,7 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
     let stats = db.stats();
     let scope = scope();
     let mut lat = Vec::new();
+    let disk_from = storage_read_bytes();
     let t = Instant::now();
     for id in probe_ids(records) {
         if t.elapsed() >= replay {
@@ -172,8 +189,9 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
             "record {id}: {answer:?}"
         );
     }
-    let replays = summary(lat, t.elapsed());
+    let replays = summary(lat, t.elapsed(), disk_from);
     let mut lat = Vec::with_capacity(fresh);
+    let disk_from = storage_read_bytes();
     let t = Instant::now();
     for _ in 0..fresh {
         let key = Key::new(key_bytes(fresh_id()));
@@ -184,7 +202,7 @@ fn idemdb(path: &Path, records: u64, replay: Duration, fresh: usize, verify: boo
         lat.push(nanos(op.elapsed()));
         assert!(matches!(answer, ReserveOutcome::Acquired(_)), "{answer:?}");
     }
-    let reserves = summary(lat, t.elapsed());
+    let reserves = summary(lat, t.elapsed(), disk_from);
     if replay > Duration::ZERO {
         fill_replay_cache(&db, records, stats.memory.replay_cache);
     }
@@ -314,6 +332,7 @@ fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
         .map(|id| (stored_key(id), table_of(&txn, id, records)))
         .collect();
     let mut lat = Vec::new();
+    let disk_from = storage_read_bytes();
     let t = Instant::now();
     for (key, table) in &probes {
         if t.elapsed() >= replay {
@@ -330,13 +349,20 @@ fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
     json!({
         "open_ms": open_ms,
         "rss_after_open": rss_open,
-        "replays": summary(lat, t.elapsed()),
+        "replays": summary(lat, t.elapsed(), disk_from),
     })
 }
 
-/// Reads the file at `path` and its log from start to end, so that the operating system's
-/// page cache holds as much of them as it can (the most recently read parts, if not all).
+/// Makes the operating system's page cache hold the file at `path` and its log, as much of
+/// them as it can: drops the page cache (root only; after a `sync`, so that the load's
+/// gigabytes still being written back take neither the CPU nor the disk from the probe that
+/// follows), then reads both files from start to end. Dropped first because pages another
+/// file was read into more than once (an earlier size's, a kept file's) sit on the kernel's
+/// active list, and a file read once is evicted before them.
 pub fn read_whole(path: &Path) {
+    if !drop_page_cache() {
+        let _ = Command::new("sync").status();
+    }
     let mut log = path.as_os_str().to_owned();
     log.push("-wal");
     for file in [path.to_path_buf(), PathBuf::from(log)] {

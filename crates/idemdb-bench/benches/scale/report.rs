@@ -43,6 +43,8 @@ pub struct Report {
     /// What asking the filters alone costs a lookup: (filters, keys each, ns per lookup
     /// asking all, false "maybe" rate).
     pub filters: Vec<(usize, u64, f64, f64)>,
+    /// Hours built beside one caller (`build.rs`'s results).
+    pub builds: Vec<Value>,
     /// The table of recognised keys: (keys held, keys a drop enters, its costs).
     pub recognition: Vec<(u64, u64, idemdb::testing::RecognitionCost)>,
 }
@@ -101,9 +103,9 @@ impl Report {
                 "plain redb open, ms",
                 "RSS after open, MiB (peak); after the replays",
                 "indexed keys (key index + filters, MiB)",
-                "replays/s, 1 caller",
+                "replays/s, 1 caller (read from the disk meanwhile, MiB)",
                 "replay p50 / p99, µs",
-                "plain redb point reads/s (partition known)",
+                "plain redb point reads/s, partition known (from the disk, MiB)",
                 "fresh reserve p50 / p99, µs",
                 "fresh p50 ÷ empty",
             ],
@@ -158,13 +160,21 @@ impl Report {
                         mib(f(&r.warm, &["key_index_bytes"])),
                         mib(f(&r.warm, &["key_filter_bytes"]))
                     ),
-                    fmt_val(Some(f(&r.reads, &["replays", "per_s"])), 0),
+                    format!(
+                        "{} ({})",
+                        fmt_val(Some(f(&r.reads, &["replays", "per_s"])), 0),
+                        mib(f(&r.reads, &["replays", "disk_read_bytes"]))
+                    ),
                     format!(
                         "{} / {}",
                         us(f(&r.reads, &["replays", "p50_ns"])),
                         us(f(&r.reads, &["replays", "p99_ns"]))
                     ),
-                    fmt_val(Some(f(&r.redb, &["replays", "per_s"])), 0),
+                    format!(
+                        "{} ({})",
+                        fmt_val(Some(f(&r.redb, &["replays", "per_s"])), 0),
+                        mib(f(&r.redb, &["replays", "disk_read_bytes"]))
+                    ),
                     format!(
                         "{} / {}",
                         us(fresh_p50),
@@ -198,6 +208,55 @@ impl Report {
                         fmt_val(Some(keys as f64), 0),
                         format!("{ns:.0}"),
                         format!("{:.2} %", rate * 100.0),
+                    ],
+                );
+            }
+        }
+        if !self.builds.is_empty() {
+            md.push_str(
+                "\nAn hour's wide partition built beside one caller (`build.rs`): lifecycles of \
+                 fresh keys, reserve and complete timed apart, 3 s alone before the build, \
+                 during it, 3 s alone after.\n\n",
+            );
+            table_row(
+                &mut md,
+                &[
+                    "records in the hour",
+                    "build, s",
+                    "lifecycles during it",
+                    "reserve during it: p50 / p99 / p99.9 / max, µs",
+                    "complete during it: p99.9 / max, µs",
+                    "reserve alone, before; after: p99.9 / max, µs",
+                ],
+            );
+            table_row(&mut md, &["--:"; 6]);
+            for b in &self.builds {
+                let q = |phase: &str, op: &str, q: &str| us(f(b, &[phase, op, q]));
+                table_row(
+                    &mut md,
+                    &[
+                        fmt_val(Some(f(b, &["records"])), 0),
+                        format!("{:.1}", f(b, &["build_ms"]) / 1e3),
+                        fmt_val(Some(f(b, &["beside", "lifecycles"])), 0),
+                        format!(
+                            "{} / {} / {} / {}",
+                            q("beside", "reserve", "p50_ns"),
+                            q("beside", "reserve", "p99_ns"),
+                            q("beside", "reserve", "p999_ns"),
+                            q("beside", "reserve", "max_ns")
+                        ),
+                        format!(
+                            "{} / {}",
+                            q("beside", "complete", "p999_ns"),
+                            q("beside", "complete", "max_ns")
+                        ),
+                        format!(
+                            "{} / {}; {} / {}",
+                            q("before", "reserve", "p999_ns"),
+                            q("before", "reserve", "max_ns"),
+                            q("after", "reserve", "p999_ns"),
+                            q("after", "reserve", "max_ns")
+                        ),
                     ],
                 );
             }

@@ -72,3 +72,20 @@ pub fn plan(test_mode: bool) -> Plan {
         drop_page_cache: true,
     }
 }
+
+/// The hours of records built beside one caller (`build.rs`): `IDEMDB_SCALE_BUILD`
+/// (comma-separated record counts; empty: none), default an hour of 10M and of 50M records a
+/// day.
+pub fn build_shapes(test_mode: bool) -> Vec<u64> {
+    if test_mode {
+        return vec![2_000];
+    }
+    match std::env::var("IDEMDB_SCALE_BUILD") {
+        Ok(list) => list
+            .split(',')
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| n.trim().parse().expect("IDEMDB_SCALE_BUILD: record counts"))
+            .collect(),
+        Err(_) => vec![416_667, 2_083_334],
+    }
+}

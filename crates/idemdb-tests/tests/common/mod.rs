@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemdb::redb::{ReadableTableMetadata, TableDefinition, TableError};
 use idemdb::{Error, IdemDb, ManualClock, Reservation, ReserveOutcome, Retention};
-use idemdb_testkit::FaultBackend;
+use idemdb_testkit::{Fault, FaultBackend, TearMode};
 use tempfile::TempDir;
 
 /// The manual clock's start: a fixed instant, so lease arithmetic in assertions is exact.
@@ -268,4 +268,72 @@ pub fn records_as_version_2(txn: &idemdb::redb::WriteTransaction) -> usize {
         rewritten += all.len();
     }
     rewritten
+}
+
+/// Power lost inside each sync of `act`: runs `act` once on a database opened over a copy of
+/// `before`, counting the syncs it begins; then, for each of those syncs `n` and each of
+/// `modes(n)`, runs it again on a fresh copy with the power lost inside sync `n`, and calls
+/// `check(n, mode, image)` with the disk the loss left. Returns the sync count and what the
+/// first run of `act` returned.
+pub fn each_power_loss<R>(
+    before: &FaultBackend,
+    modes: impl Fn(u64) -> Vec<TearMode>,
+    open: impl Fn(&FaultBackend) -> IdemDb,
+    act: impl Fn(&IdemDb) -> Result<R, Error>,
+    mut check: impl FnMut(u64, TearMode, FaultBackend),
+) -> (u64, R) {
+    let (syncs, first) = {
+        let disk = before.durable_disk();
+        let db = open(&disk);
+        let from = disk.syncs_begun();
+        let first = act(&db).unwrap();
+        (disk.syncs_begun() - from, first)
+    };
+    for n in 0..syncs {
+        for mode in modes(n) {
+            let disk = before.durable_disk();
+            let db = open(&disk);
+            disk.crash_at_sync(n, mode);
+            let _ = act(&db);
+            drop(db);
+            check(n, mode, disk.crashed_disk().expect("the power loss struck"));
+        }
+    }
+    (syncs, first)
+}
+
+/// A write failing inside `act` (a full disk, an I/O error) after each of `afters` pages: for
+/// each, runs `act` on a database opened over a copy of `before` with the fault injected; if
+/// it failed, checks that the database now refuses writes, and calls `check(after, image)`
+/// with the durable image, the fault cleared. Returns how many of `afters` made `act` fail
+/// (a run that wrote fewer pages than `after` does not).
+pub fn each_write_failure<R>(
+    before: &FaultBackend,
+    afters: &[u64],
+    open: impl Fn(&FaultBackend) -> IdemDb,
+    act: impl Fn(&IdemDb) -> Result<R, Error>,
+    mut check: impl FnMut(u64, FaultBackend),
+) -> usize {
+    let mut failed = 0;
+    for &after in afters {
+        let disk = before.durable_disk();
+        let db = open(&disk);
+        disk.inject(Fault::Write { after });
+        let Err(e) = act(&db) else {
+            continue;
+        };
+        failed += 1;
+        let scope = idemdb::Scope::new("op", "p");
+        assert!(
+            matches!(
+                db.reserve(&scope, &idemdb::Key::new("fresh"), b"x", LEASE),
+                Err(Error::WritesRefused | Error::Poisoned(_))
+            ),
+            "after {after}: {e}"
+        );
+        drop(db);
+        disk.clear_faults();
+        check(after, disk.durable_disk());
+    }
+    failed
 }
