@@ -100,7 +100,7 @@ fn main() {
             fresh: plan.fresh_reserves,
             verify: false,
         };
-        probe::read_whole(&path);
+        probe::read_whole(&path, plan.drop_page_cache);
         // Once untimed, as plain redb's probe reads its keys once before its clock starts:
         // the pages its keys are on read once more, which the kernel keeps before pages read
         // only by `read_whole` when memory runs short.
@@ -112,7 +112,7 @@ fn main() {
         };
         probe::run(warm_up, &path, records);
         let reads = probe::run(idemdb, &path, records);
-        probe::read_whole(&path);
+        probe::read_whole(&path, plan.drop_page_cache);
         let redb = probe::run(
             probe::Job::Redb {
                 replay: plan.replay_time,

@@ -354,13 +354,14 @@ fn plain_redb(path: &Path, records: u64, replay: Duration) -> Value {
 }
 
 /// Makes the operating system's page cache hold the file at `path` and its log, as much of
-/// them as it can: drops the page cache (root only; after a `sync`, so that the load's
+/// them as it can: drops the page cache if `drop_first` (the plan's: not in test mode; root
+/// only; after a `sync`, so that the load's
 /// gigabytes still being written back take neither the CPU nor the disk from the probe that
 /// follows), then reads both files from start to end. Dropped first because pages another
 /// file was read into more than once (an earlier size's, a kept file's) sit on the kernel's
 /// active list, and a file read once is evicted before them.
-pub fn read_whole(path: &Path) {
-    if !drop_page_cache() {
+pub fn read_whole(path: &Path, drop_first: bool) {
+    if !(drop_first && drop_page_cache()) {
         let _ = Command::new("sync").status();
     }
     let mut log = path.as_os_str().to_owned();
