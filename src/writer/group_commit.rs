@@ -244,13 +244,127 @@ impl Writer {
                 self.release_detached(&orphan);
             }
         }
-        let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
-        for (i, (slot, result)) in sync.into_iter().enumerate() {
-            let children = tree.iter().skip(2 * i + 2).take(2).cloned().collect();
-            slot.set_quietly(SlotState::Done(result), children);
-        }
-        // Roots last: nobody is woken before every answer is in place.
-        tree.iter().take(2).for_each(|s| s.wake());
+        answer_as_tree(sync);
         had_async
+    }
+}
+
+/// Answers a batch's sync callers: each slot gets its answer and the slots it wakes once its
+/// caller read it; then the two roots are woken.
+fn answer_as_tree(sync: Vec<(Arc<Slot>, Result<OpOutput, Error>)>) {
+    let tree: Vec<Arc<Slot>> = sync.iter().map(|(s, _)| Arc::clone(s)).collect();
+    let n = tree.len();
+    let mut results: Vec<Option<_>> = sync.into_iter().map(|(_, r)| Some(r)).collect();
+    // I23: a follower that was never asleep (it queued its op and was preempted before it
+    // looked at its slot) reads its answer as soon as it is set, and wakes its children at
+    // once; a child answered after that would sleep with nobody left to wake it, and its whole
+    // subtree with it. So a slot is answered only after all of its descendants.
+    for i in answer_order(n) {
+        let Some(result) = results[i].take() else {
+            continue;
+        };
+        let children = tree_children(i, n).map(|c| Arc::clone(&tree[c])).collect();
+        tree[i].set_quietly(SlotState::Done(result), children);
+    }
+    tree.iter().take(2).for_each(|s| s.wake());
+}
+
+/// The sync callers of a batch woken by caller `i` of `n`: two roots (0 and 1), then each
+/// caller `i` wakes `2i + 2` and `2i + 3`, so every caller but the roots has one parent.
+fn tree_children(i: usize, n: usize) -> std::ops::Range<usize> {
+    (2 * i + 2).min(n)..(2 * i + 4).min(n)
+}
+
+/// The order the callers' answers are set in: every caller after all of its descendants
+/// (children have higher indices than their parent).
+fn answer_order(n: usize) -> impl Iterator<Item = usize> {
+    (0..n).rev()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{answer_as_tree, answer_order, tree_children};
+    use crate::writer::op::OpOutput;
+    use crate::writer::queue::{Slot, SlotState};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn descendants(i: usize, n: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut next: Vec<usize> = tree_children(i, n).collect();
+        while let Some(c) = next.pop() {
+            out.push(c);
+            next.extend(tree_children(c, n));
+        }
+        out
+    }
+
+    /// I23 on the real slots: slot `i`'s lock is held, so `answer_as_tree` stops at setting
+    /// `i`'s answer, as a follower reading it at that moment would see it; by then every
+    /// descendant of `i` must hold its answer (a follower that reads early wakes them at once).
+    #[test]
+    fn a_follower_reading_its_answer_early_finds_its_descendants_answered() {
+        let n = 13;
+        for i in 0..n {
+            let slots: Vec<Arc<Slot>> = (0..n).map(|_| Slot::new(false)).collect();
+            let held = slots[i].inner.lock();
+            let batch = slots
+                .iter()
+                .map(|s| (Arc::clone(s), Ok(OpOutput::Done)))
+                .collect();
+            let answering = std::thread::spawn(move || answer_as_tree(batch));
+            let deadline = Instant::now() + Duration::from_secs(5);
+            for d in descendants(i, n) {
+                while !matches!(slots[d].inner.lock().state, SlotState::Done(_)) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "caller {i} of {n} is answered before its descendant {d}"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            drop(held);
+            answering.join().unwrap();
+            assert!(
+                slots
+                    .iter()
+                    .all(|s| matches!(s.inner.lock().state, SlotState::Done(_)))
+            );
+        }
+    }
+
+    #[test]
+    fn every_sync_caller_is_woken_once_and_only_after_its_children_were_answered() {
+        for n in 0..300 {
+            let mut parent = vec![None; n];
+            for i in 0..n {
+                for c in tree_children(i, n) {
+                    assert!(c > i, "a child has a higher index than its parent");
+                    assert_eq!(
+                        parent[c].replace(i),
+                        None,
+                        "caller {c} of {n} has two parents"
+                    );
+                }
+            }
+            for (c, p) in parent.iter().enumerate() {
+                // Only the two roots are woken by the leader.
+                assert_eq!(p.is_none(), c < 2, "caller {c} of {n}");
+            }
+            // I23: when caller i's answer is set (and it may read it and wake its children at
+            // once), every one of its children's answers is set already.
+            let mut answered = vec![false; n];
+            let mut seen = 0;
+            for i in answer_order(n) {
+                assert!(!answered[i], "caller {i} of {n} answered twice");
+                assert!(
+                    tree_children(i, n).all(|c| answered[c]),
+                    "caller {i} of {n} answered before its children"
+                );
+                answered[i] = true;
+                seen += 1;
+            }
+            assert_eq!(seen, n);
+        }
     }
 }

@@ -658,3 +658,51 @@ fn a_batch_is_invisible_on_the_fallback_read_path_before_its_durability_point() 
     let record = db.get(&scope(), &Key::new("k1")).unwrap().unwrap();
     assert_eq!(record.response, b"done");
 }
+
+/// I23 under load: 64 sync callers, each running its own number of reserve + complete
+/// lifecycles, so that they stop one by one as the end of a fill does, while the rest keep the
+/// committer thread leading batches of sync followers woken as a tree. Every caller must
+/// finish: a follower left asleep with its answer set would hang here, so the test waits with
+/// a deadline instead of joining blindly.
+#[test]
+fn sync_callers_that_stop_one_by_one_are_all_answered() {
+    const CALLERS: usize = 64;
+    let backend = FaultBackend::new();
+    let db = open(&backend);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for t in 0..CALLERS {
+        let (db, done_tx) = (Arc::clone(&db), done_tx.clone());
+        thread::spawn(move || {
+            let scope = scope();
+            // 40..=670 lifecycles: one caller stops about every 10.
+            for i in 0..40 + 10 * t {
+                let key = Key::new(format!("{t}-{i}"));
+                let ReserveOutcome::Acquired(r) = db.reserve(&scope, &key, b"p", LEASE).unwrap()
+                else {
+                    panic!("a fresh key was not acquired");
+                };
+                db.complete(&r, b"done").unwrap();
+            }
+            done_tx.send(t).unwrap();
+        });
+    }
+    drop(done_tx);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut finished = [false; CALLERS];
+    for _ in 0..CALLERS {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(t) => finished[t] = true,
+            Err(e) => {
+                let stuck: Vec<usize> = (0..CALLERS).filter(|t| !finished[*t]).collect();
+                panic!(
+                    "callers {stuck:?} never got their answers ({e}); {} ops queued, leader \
+                     active: {}",
+                    queued_ops(&db),
+                    idemdb::testing::batch_being_led(&db)
+                );
+            }
+        }
+    }
+    assert_eq!(queued_ops(&db), 0);
+}
