@@ -11,6 +11,9 @@ use crate::server_time::ServerTime;
 use crate::stats;
 use crate::store::{Inner, PgStore, compactor, record_fits};
 use crate::tls;
+
+/// Operations of concurrent calls in one batch, by default.
+const DEFAULT_MAX_BATCH: usize = 64;
 use crate::wait::{self, Waits};
 use idemdb_core::Limits;
 use idemdb_core::clock::{Clock, SystemClock};
@@ -37,6 +40,7 @@ pub struct PgStoreBuilder {
     clock: Arc<dyn Clock>,
     wait_poll: Duration,
     pool_wait: Duration,
+    max_batch: usize,
 }
 
 impl PgStore {
@@ -78,6 +82,7 @@ impl PgStore {
             clock: Arc::new(SystemClock),
             wait_poll: Duration::from_secs(1),
             pool_wait: Duration::from_secs(30),
+            max_batch: DEFAULT_MAX_BATCH,
         })
     }
 }
@@ -154,6 +159,15 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The most reserves and finishes of concurrent calls that share one transaction, one
+    /// round trip and one commit (default 64; 0 or 1: every call runs on its own). A call
+    /// that finds nothing running runs alone at once; calls that arrive meanwhile are
+    /// gathered (design.md §14.4).
+    pub fn max_batch(mut self, ops: usize) -> Self {
+        self.max_batch = ops;
+        self
+    }
+
     /// How often a waiting duplicate looks again even without a notification (default 1 s):
     /// the fallback when a notification is lost (a listener reconnecting).
     pub fn wait_poll_interval(mut self, interval: Duration) -> Self {
@@ -205,7 +219,8 @@ impl PgStoreBuilder {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| PgError::Internal("PgStore connected outside a tokio runtime".into()))?;
         let counters = stats::Counters::new(pool.clone());
-        let inner = Arc::new(Inner {
+        let max_batch = self.max_batch;
+        let inner = Arc::new_cyclic(|this| Inner {
             runtime,
             partitions: Partitions::new(rules.width_ms),
             pool,
@@ -219,6 +234,8 @@ impl PgStoreBuilder {
             waits: Arc::new(Waits::default()),
             wait_poll: self.wait_poll,
             counters,
+            batcher: crate::batch::Batcher::new(max_batch),
+            this: this.clone(),
         });
         let mut tasks = vec![tokio::spawn(wait::listen(
             self.config,

@@ -19,7 +19,8 @@ use tokio_postgres::{Row, ToStatement};
 
 use super::errors::{MAX_ATTEMPTS, Step, backoff, is_retryable, moved, partition_missing, pool};
 use super::owner::FINISH;
-use super::reserve::{PARTITION_SLACK_MS, prepared};
+use super::partitions::PARTITION_SLACK_MS;
+use super::reserve::prepared;
 use super::rows::{Found, KeyParts, NEWEST, fingerprint_bytes, state_code, stored_ms, token_value};
 use super::sql::{clock, key_is_params, span};
 use super::stats::Owned;

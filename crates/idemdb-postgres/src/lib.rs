@@ -9,6 +9,8 @@
 //! - builder.rs: `PgStoreBuilder` (`migrate`, `connect`); store.rs: `PgStore`, its shared
 //!   state and the `Store` impl;
 //! - reserve.rs: `reserve`, `reserve_or_wait`, `get`;
+//! - batch.rs, batch_run.rs, batch_sql.rs: concurrent reserves and finishes gathered into
+//!   one transaction, one round trip and one commit (the queue; who runs it; one batch);
 //! - owner.rs: `complete`, `fail`, `release`, `extend`;
 //! - execute.rs: `execute`, `complete_with`, `fail_with`: the caller's writes in the
 //!   transaction that writes the record; inbox.rs: `consume`, `consume_batch` (a poll in one
@@ -23,6 +25,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod batch;
+mod batch_run;
+mod batch_sql;
 mod builder;
 mod error;
 mod errors;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use super::store::Inner;
 use tokio_postgres::types::ToSql;
 
+use super::batch::{BatchAnswer, BatchOp, answer_of};
+use super::batch_run::Turn;
 use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};
 use super::rows::{Found, KeyParts, newest, state_code, stored_ms, token_value};
 use super::sql::{clock, key_is_params, span};
@@ -111,6 +113,41 @@ impl Inner {
     /// Runs `op` with retries; when its guard matches nothing, the error `check_owner` gives
     /// for the record as it is now. The new lease end, for `Extend`.
     async fn guarded(&self, reservation: &Reservation, op: &OwnerOp<'_>) -> Result<u64, PgError> {
+        let OwnerOp::Finish { state, response } = op else {
+            return self.guarded_alone(reservation, op).await;
+        };
+        let key = reservation.record_key();
+        let turn = self.turn(|| BatchOp::Finish {
+            key: key.clone(),
+            token: reservation.token(),
+            state: state_code(*state),
+            response: response.to_vec(),
+            ttl_ms: self.rules.ttl_ms(key),
+        });
+        let rx = match turn {
+            Turn::Alone(running) => {
+                let answer = self.guarded_alone(reservation, op).await;
+                drop(running);
+                return answer;
+            }
+            Turn::Queued(rx) => rx,
+        };
+        match answer_of(rx).await? {
+            BatchAnswer::Finished => Ok(0),
+            // Matched nothing, or the batch could not run it: nothing of it committed; on
+            // its own path `check_owner` says why, or it runs again.
+            BatchAnswer::Reserved(_) | BatchAnswer::Alone => {
+                self.guarded_alone(reservation, op).await
+            }
+        }
+    }
+
+    /// [`guarded`](Self::guarded) on the call's own path.
+    async fn guarded_alone(
+        &self,
+        reservation: &Reservation,
+        op: &OwnerOp<'_>,
+    ) -> Result<u64, PgError> {
         let p = KeyParts::of(reservation.record_key())?;
         let mut attempt = 0;
         loop {

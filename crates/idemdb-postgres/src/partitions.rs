@@ -25,6 +25,10 @@ pub struct PgCompaction {
     pub longest_drop: Duration,
 }
 
+/// How far past the expiry a write was estimated to have the partitions made ahead of it:
+/// the estimate of the server's time is the last reading plus the time since.
+pub(crate) const PARTITION_SLACK_MS: u64 = 60_000;
+
 /// The partitions this store knows exist, by start (ms).
 pub(crate) struct Partitions {
     width_ms: u64,

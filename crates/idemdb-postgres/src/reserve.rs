@@ -10,10 +10,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::batch::{BatchAnswer, BatchOp, answer_of};
+use super::batch_run::Turn;
 use super::errors::{MAX_ATTEMPTS, Step, backoff, database, partition_missing, pool};
+use super::partitions::PARTITION_SLACK_MS;
 use super::rows::{
     Found, KeyParts, NEWEST, fingerprint_bytes, newest, stored_ms, token_from, token_value,
 };
+use super::schema::stripe;
 use super::sql::{clock, key_is_params, span};
 use super::store::Inner;
 use crate::error::PgError;
@@ -28,6 +32,16 @@ use idemdb_core::token::{FencingToken, Grant, Reservation};
 use tokio_postgres::types::ToSql;
 
 type Reserved = Result<ReserveOutcome, PgError>;
+
+/// What a reserve's row decides.
+enum Reading {
+    /// The answer, and whether it inserted the record (a write committed).
+    Answer(ReserveOutcome, bool),
+    /// A live record whose lease ran out: to take over.
+    TakeOver(Record),
+    /// Nothing live and nothing inserted; `expired`: an expired record is stored.
+    NotInserted { expired: bool },
+}
 
 /// A takeover: the record's owner changes if it is still the one decided on and its lease is
 /// still over by the store's clock. `$4` the token seen, `$5` the lease, `$6` the TTL (ms).
@@ -67,10 +81,6 @@ const LOCK_STRIPE: &str = "SELECT stripe FROM idemdb_stripes WHERE stripe = $1 F
 /// plan.
 const LOCK_STRIPES: &str =
     "SELECT stripe FROM idemdb_stripes WHERE stripe = ANY($1) ORDER BY stripe FOR UPDATE";
-
-/// How far past the expiry a write was estimated to have the partitions made ahead of it:
-/// the estimate of the server's time is the last reading plus the time since.
-pub(crate) const PARTITION_SLACK_MS: u64 = 60_000;
 
 /// A reservation in the making: what every attempt needs.
 pub(crate) struct Request<'a> {
@@ -229,6 +239,43 @@ impl Inner {
     }
 
     pub(crate) async fn reserve_request(&self, request: &Request<'_>) -> Reserved {
+        let flag_beyond = self.rules.policy == BeyondHorizonPolicy::Flag;
+        let turn = self.turn(|| BatchOp::Reserve {
+            key: request.key.clone(),
+            fingerprint: fingerprint_bytes(request.fingerprint),
+            lease_ms: request.lease_ms,
+            ttl_ms: self.rules.ttl_ms(request.key),
+            flag_beyond,
+        });
+        let rx = match turn {
+            Turn::Alone(running) => {
+                let answer = self.reserve_alone(request).await;
+                drop(running);
+                return answer;
+            }
+            Turn::Queued(rx) => rx,
+        };
+        let row = match answer_of(rx).await? {
+            BatchAnswer::Reserved(row) => row,
+            BatchAnswer::Finished | BatchAnswer::Alone => return self.reserve_alone(request).await,
+        };
+        match self.read_reserved(request, &row) {
+            Ok(Reading::Answer(outcome, _)) => Ok(outcome),
+            Ok(Reading::NotInserted { expired: true }) if !flag_beyond => {
+                Ok(ReserveOutcome::BeyondHorizon)
+            }
+            // A takeover, or a record that expired between the batch's two statements:
+            // nothing of this call committed; decided on its own path.
+            Ok(Reading::TakeOver(_) | Reading::NotInserted { .. }) => {
+                self.reserve_alone(request).await
+            }
+            Err(Step::Fail(e) | Step::Retry(e)) => Err(e),
+            Err(Step::Partition(_)) => Err(partition_missing()),
+        }
+    }
+
+    /// The reservation on its own path: attempts until one decides.
+    async fn reserve_alone(&self, request: &Request<'_>) -> Reserved {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -253,6 +300,42 @@ impl Inner {
                 Err(Step::Partition(_)) => return Err(partition_missing()),
             }
         }
+    }
+
+    /// What a row of `idemdb_reserve`'s columns (the single call's, or a batch's) decides.
+    fn read_reserved(
+        &self,
+        request: &Request<'_>,
+        row: &tokio_postgres::Row,
+    ) -> Result<Reading, Step> {
+        let found = self.seen(Found::of(row, 11)?);
+        let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
+        let Some(token) = inserted else {
+            return Ok(
+                match decide(found.live, request.fingerprint, found.now_ms) {
+                    Decision::Replay(r) => Reading::Answer(r.into(), false),
+                    Decision::TakeOver(prev) => Reading::TakeOver(prev),
+                    Decision::Acquire => Reading::NotInserted {
+                        expired: found.expired,
+                    },
+                },
+            );
+        };
+        let lease_end: i64 = row.try_get(10).map_err(Step::before_commit)?;
+        let beyond = row
+            .try_get::<_, Option<i16>>(0)
+            .map_err(Step::before_commit)?
+            .is_some();
+        let acquired = ReserveOutcome::Acquired(Reservation::issue(Grant {
+            database_id: self.database_id,
+            record_key: request.key.clone(),
+            token: token_from(token)?,
+            lease_expires_at: stored_ms(lease_end)?,
+            attempt: 1,
+            takeover: false,
+            beyond_horizon: beyond,
+        }));
+        Ok(Reading::Answer(acquired, true))
     }
 
     /// One attempt; `None` when the record changed under it. A fresh key or a replay is one
@@ -294,32 +377,19 @@ impl Inner {
             .query_one(&stmt, &params)
             .await
             .map_err(Step::autocommit)?;
-        let found = self.seen(Found::of(&row, 11)?);
-        let inserted: Option<i64> = row.try_get(9).map_err(Step::before_commit)?;
-        let Some(token) = inserted else {
-            return match decide(found.live, request.fingerprint, found.now_ms) {
-                Decision::Replay(r) => Ok(Some(r.into())),
-                Decision::TakeOver(prev) => self.take_over(&client, request, &prev, ttl).await,
-                // Nothing live and not inserted: an expired record the policy refuses.
-                Decision::Acquire => Ok(Some(ReserveOutcome::BeyondHorizon)),
-            };
-        };
-        // Only an insert wrote (and committed) anything.
-        self.counters.committed(began.elapsed());
-        let lease_end: i64 = row.try_get(10).map_err(Step::before_commit)?;
-        let beyond = row
-            .try_get::<_, Option<i16>>(0)
-            .map_err(Step::before_commit)?
-            .is_some();
-        Ok(Some(ReserveOutcome::Acquired(Reservation::issue(Grant {
-            database_id: self.database_id,
-            record_key: request.key.clone(),
-            token: token_from(token)?,
-            lease_expires_at: stored_ms(lease_end)?,
-            attempt: 1,
-            takeover: false,
-            beyond_horizon: beyond,
-        }))))
+        match self.read_reserved(request, &row)? {
+            Reading::Answer(outcome, inserted) => {
+                // Only an insert wrote (and committed) anything.
+                if inserted {
+                    self.counters.committed(began.elapsed());
+                }
+                Ok(Some(outcome))
+            }
+            Reading::TakeOver(prev) => self.take_over(&client, request, &prev, ttl).await,
+            // Nothing live and not inserted under the lock: an expired record the policy
+            // refuses.
+            Reading::NotInserted { .. } => Ok(Some(ReserveOutcome::BeyondHorizon)),
+        }
     }
 
     /// Takes over `prev` (an IN_PROGRESS record whose lease ran out): one guarded update,
@@ -387,10 +457,4 @@ pub(crate) async fn prepared(
     sql: &str,
 ) -> Result<tokio_postgres::Statement, Step> {
     txn.prepare_cached(sql).await.map_err(Step::before_commit)
-}
-
-/// The lock stripe of a key.
-fn stripe(key: &RecordKey) -> i32 {
-    let h = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
-    i32::try_from(h % u64::from(super::schema::STRIPES.unsigned_abs())).unwrap_or(0)
 }

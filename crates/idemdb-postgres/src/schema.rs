@@ -8,6 +8,7 @@ use super::sql::key_hash;
 use crate::error::PgError;
 use idemdb_core::fingerprint::database_id;
 use idemdb_core::fingerprint::{Fingerprinter, SECRET_LEN};
+use idemdb_core::scope::RecordKey;
 
 /// The newest schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: i32 = 3;
@@ -16,6 +17,12 @@ pub(crate) const SCHEMA_VERSION: i32 = 3;
 /// while it looks again and inserts, so that no two callers insert the same key (a
 /// partitioned table has no unique index across partitions).
 pub(crate) const STRIPES: i32 = 1024;
+
+/// The lock stripe of a key.
+pub(crate) fn stripe(key: &RecordKey) -> i32 {
+    let h = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+    i32::try_from(h % u64::from(STRIPES.unsigned_abs())).unwrap_or(0)
+}
 
 /// Version 1. Every statement is idempotent, so that instances migrating at once converge.
 const V1: &str = "

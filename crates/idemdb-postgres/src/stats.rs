@@ -57,10 +57,14 @@ pub struct PgStats {
     pub pool_idle: usize,
     /// Calls waiting for a connection now.
     pub pool_waiting: usize,
-    /// Commits that made a record's write durable: a reservation's insert, a takeover, an
-    /// owner's finish, release or extension, an execution's transaction (one operation each;
-    /// the store batches none).
+    /// Commits that made records' writes durable: a reservation's insert, a takeover, an
+    /// owner's finish, release or extension, an execution's transaction, or a batch of
+    /// concurrent calls' reserves and finishes (one commit for all of them).
     pub commits: u64,
+    /// Batches of concurrent calls' reserves and finishes run (`PgStoreBuilder::max_batch`).
+    pub batches: u64,
+    /// Calls answered by those batches (their mean size: `batched_calls / batches`).
+    pub batched_calls: u64,
     /// Time of each of those commits, in microseconds: the round trip of the `COMMIT`, or of
     /// the statement that commits by itself, the server's WAL flush included.
     pub commit_latency_us: Histogram,
@@ -129,6 +133,8 @@ pub(crate) struct Counters {
     counts: [AtomicU64; COUNTS],
     /// Commits and their latency (µs); a lock per commit, which waits on a round trip anyway.
     commits: Mutex<(u64, Histogram)>,
+    /// Batches run, and the calls they answered.
+    batches: [AtomicU64; 2],
     /// The store's pool (a handle of it), read for its state.
     pool: deadpool_postgres::Pool,
 }
@@ -138,6 +144,7 @@ impl Counters {
         Counters {
             counts: Default::default(),
             commits: Mutex::default(),
+            batches: Default::default(),
             pool,
         }
     }
@@ -182,6 +189,12 @@ impl Counters {
         commits
             .1
             .record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// A batch of `calls` calls' operations ran.
+    pub(crate) fn batch(&self, calls: usize) {
+        self.batches[0].fetch_add(1, Ordering::Relaxed);
+        self.batches[1].fetch_add(calls as u64, Ordering::Relaxed);
     }
 
     /// Sets the pool gauges (feature `metrics`) from the pool's state now. Called after
@@ -303,6 +316,8 @@ impl Counters {
             pool_idle: status.available,
             pool_waiting: status.waiting,
             commits,
+            batches: self.batches[0].load(Ordering::Relaxed),
+            batched_calls: self.batches[1].load(Ordering::Relaxed),
             commit_latency_us,
             clock_skew_ms: 0,
         }

@@ -62,6 +62,10 @@ pub(crate) struct Inner {
     pub(super) waits: Arc<Waits>,
     pub(super) wait_poll: Duration,
     pub(super) counters: stats::Counters,
+    /// Concurrent reserves and finishes gathered into batches (batch.rs).
+    pub(super) batcher: crate::batch::Batcher,
+    /// Itself, for the drain tasks it starts.
+    pub(super) this: Weak<Inner>,
 }
 
 impl PgStore {

@@ -72,11 +72,15 @@ const CORE: &[(&str, &[&str])] = &[
 const POSTGRES: &[(&str, &[&str])] = &[
     ("errors and SQL text", &["error", "sql", "server_time"]),
     (
-        "rows, retries, waits",
-        &["errors", "rows", "wait", "stats", "tls"],
+        "rows, retries, waits, the batch queue",
+        &["errors", "rows", "wait", "stats", "tls", "batch"],
     ),
     ("schema and partitions", &["schema", "partitions"]),
     ("the store", &["store"]),
+    (
+        "who runs a batch, and one batch",
+        &["batch_run", "batch_sql"],
+    ),
     ("the operations", &["reserve", "owner", "execute", "inbox"]),
     ("connecting", &["builder"]),
 ];

@@ -106,8 +106,8 @@ async fn pipe(client: TcpStream, server: TcpStream, (cut, tripped, settled): Tra
     // finished what it was sent (ReadyForQuery, idle: committed or rolled back).
     let deaf = Arc::new(AtomicBool::new(false));
     let done = Arc::new(tokio::sync::Notify::new());
-    // Syncs sent unheard: the server is done when it has answered each with ReadyForQuery
-    // (a Close and its Sync may ride ahead of the request itself).
+    // Syncs and simple queries sent unheard: the server is done when it has answered each
+    // with ReadyForQuery (a Close and its Sync may ride ahead of the request itself).
     let syncs = Arc::new(AtomicUsize::new(0));
     let (deaf_down, done_down, syncs_down) =
         (Arc::clone(&deaf), Arc::clone(&done), Arc::clone(&syncs));
@@ -160,7 +160,7 @@ async fn pipe(client: TcpStream, server: TcpStream, (cut, tripped, settled): Tra
             if forward {
                 // The server gets the whole request (what follows the trapped chunk too,
                 // e.g. a Sync split off) and finishes it, answering into the void.
-                syncs.fetch_add(count(chunk, SYNC), Ordering::SeqCst);
+                syncs.fetch_add(readies(chunk), Ordering::SeqCst);
                 let _ = server_write.write_all(chunk).await;
                 let finished = done.notified();
                 tokio::pin!(finished);
@@ -170,7 +170,7 @@ async fn pipe(client: TcpStream, server: TcpStream, (cut, tripped, settled): Tra
                         _ = &mut finished => break,
                         read = client_read.read(&mut buf) => match read {
                             Ok(n) if n > 0 => {
-                                syncs.fetch_add(count(&buf[..n], SYNC), Ordering::SeqCst);
+                                syncs.fetch_add(readies(&buf[..n]), Ordering::SeqCst);
                                 let _ = server_write.write_all(&buf[..n]).await;
                             }
                             // The client saw the cut and hung up: the server goes on.
@@ -207,6 +207,21 @@ fn has_message(chunk: &[u8], kind: u8) -> bool {
     false
 }
 
+/// The ReadyForQuery answers `chunk` asks for: one per Sync, and one per simple Query (a
+/// batch's `BEGIN` and `COMMIT` are simple queries).
+fn readies(chunk: &[u8]) -> usize {
+    let mut queries = 0;
+    let mut at = 0;
+    while let (Some(&t), Some(len)) = (chunk.get(at), chunk.get(at + 1..at + 5)) {
+        if t == b'Q' {
+            queries += 1;
+        }
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        at += 1 + len;
+    }
+    count(chunk, SYNC) + queries
+}
+
 fn count(data: &[u8], pattern: &[u8]) -> usize {
     data.windows(pattern.len())
         .filter(|w| *w == pattern)
@@ -221,6 +236,12 @@ fn port_of(url: &str) -> u16 {
 /// A store through the proxy (one pooled connection, so the cut strikes the operation's
 /// own), and one straight to the server that reads what was committed.
 async fn stores() -> (Proxy, PgStore, PgStore) {
+    let (_, proxy, through, direct) = stores_at().await;
+    (proxy, through, direct)
+}
+
+/// [`stores`], and the database's URL.
+async fn stores_at() -> (String, Proxy, PgStore, PgStore) {
     let url = fresh_database_url();
     let proxy = Proxy::start(port_of(&url)).await;
     let proxied = url.replacen(
@@ -241,7 +262,7 @@ async fn stores() -> (Proxy, PgStore, PgStore) {
         .connect()
         .await
         .unwrap();
-    (proxy, through, direct)
+    (url, proxy, through, direct)
 }
 
 fn scope() -> Scope {
@@ -437,5 +458,96 @@ fn an_autocommit_complete_cut_after_it_was_sent_is_outcome_unknown_and_did_commi
         let rec = direct.get(&scope(), &Key::new("k")).await.unwrap().unwrap();
         assert_eq!(rec.state, RecordState::Completed);
         assert_eq!(rec.response, b"the answer");
+    });
+}
+
+/// A batch (design.md §14.4) of two reserves and a complete through the proxied store, its
+/// pipelined transaction meeting `cut` at its `COMMIT`. The batch is made on purpose: the
+/// test's own connection holds every stripe's lock while a lone reservation waits for it on
+/// the store's one connection, and the three calls queue behind it. Every batched caller
+/// must be answered `OutcomeUnknown`; returns the stores once the server is done.
+async fn batch_cut(cut: Cut) -> (PgStore, PgStore, Vec<Key>) {
+    let (url, proxy, through, direct) = stores_at().await;
+    let through = Arc::new(through);
+    let owned = acquired(
+        through
+            .reserve(&scope(), &Key::new("k"), b"req", LEASE)
+            .await
+            .unwrap(),
+    );
+    let gate = common::stores::admin(&url).await;
+    gate.batch_execute("BEGIN; SELECT stripe FROM idemdb_stripes FOR UPDATE")
+        .await
+        .unwrap();
+    let lone = {
+        let through = Arc::clone(&through);
+        tokio::spawn(async move {
+            through
+                .reserve(&scope(), &Key::new("lone"), b"req", LEASE)
+                .await
+        })
+    };
+    common::stores::wait_for_lock_waiters(&gate, 1).await;
+    let keys = vec![Key::new("a"), Key::new("b")];
+    let mut batched = Vec::new();
+    for key in &keys {
+        let (through, key) = (Arc::clone(&through), key.clone());
+        batched.push(tokio::spawn(async move {
+            through
+                .reserve(&scope(), &key, b"req", LEASE)
+                .await
+                .map(drop)
+        }));
+    }
+    {
+        let through = Arc::clone(&through);
+        batched.push(tokio::spawn(async move {
+            through.complete(&owned, b"done".to_vec()).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = through.stats();
+    proxy.arm(cut);
+    gate.batch_execute("COMMIT").await.unwrap();
+    acquired(lone.await.unwrap().unwrap());
+    for call in batched {
+        let result = call.await.unwrap();
+        assert!(
+            matches!(result, Err(PgError::OutcomeUnknown(_))),
+            "every caller of a cut batch: {result:?}"
+        );
+    }
+    proxy.settled().await;
+    assert_eq!(through.stats().batches, before.batches, "no batch answered");
+    let through = Arc::try_unwrap(through).ok().unwrap();
+    (through, direct, keys)
+}
+
+#[test]
+fn a_batch_cut_after_its_commit_was_sent_is_outcome_unknown_to_every_caller_and_did_commit() {
+    runtime().block_on(async {
+        let (_through, direct, keys) = batch_cut(Cut::AfterCommit).await;
+        for key in &keys {
+            let rec = direct.get(&scope(), key).await.unwrap().expect("committed");
+            assert_eq!(rec.state, RecordState::InProgress);
+        }
+        let rec = direct.get(&scope(), &Key::new("k")).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::Completed);
+        assert_eq!(rec.response, b"done");
+    });
+}
+
+#[test]
+fn a_batch_whose_commit_never_arrived_is_still_outcome_unknown_and_committed_nothing() {
+    runtime().block_on(async {
+        let (through, direct, keys) = batch_cut(Cut::BeforeCommit).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for key in &keys {
+            assert_eq!(direct.get(&scope(), key).await.unwrap(), None);
+            // Each caller reads its record, finds nothing, and runs again.
+            acquired(through.reserve(&scope(), key, b"req", LEASE).await.unwrap());
+        }
+        let rec = direct.get(&scope(), &Key::new("k")).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::InProgress);
     });
 }

@@ -188,6 +188,8 @@ fn cell_of_callers(
         let mut latencies = Vec::new();
         let (mut used, mut ops) = (cpu::Usage::default(), 0u64);
         let mut wal: Option<f64> = None;
+        // PgStore's batches and the calls they answered over the timed loops.
+        let mut batched = (0u64, 0u64);
         g.bench_function(kind.id(), |b| {
             let (callers, opened) = state.get_or_insert_with(|| {
                 let (op, opened) = open(kind);
@@ -195,9 +197,14 @@ fn cell_of_callers(
             });
             b.iter_custom(|iters| {
                 let wal_before = opened.wal_position(rt);
+                let batches_before = opened.batches();
                 let before = cpu::Usage::now();
                 let took = callers.run(iters, &mut latencies);
                 used.add(cpu::Usage::now().since(before));
+                if let (Some(b0), Some(b1)) = (batches_before, opened.batches()) {
+                    batched.0 += b1.0 - b0.0;
+                    batched.1 += b1.1 - b0.1;
+                }
                 if let (Some(w0), Some(w1)) = (wal_before, opened.wal_position(rt)) {
                     *wal.get_or_insert_default() += w1 - w0;
                 }
@@ -206,6 +213,15 @@ fn cell_of_callers(
             });
         });
         if let Some(state) = state.take() {
+            if kind == Kind::Postgres {
+                // A lifecycle is two calls (reserve, complete), a replay one.
+                let calls = if cell.starts_with("pg_lifecycle") {
+                    2
+                } else {
+                    1
+                };
+                report::batches(cell, kind, batched.0, batched.1, ops * calls);
+            }
             drop(state);
             report::ran(cell, kind, &mut latencies);
             report::cpu(cell, kind, used, ops);

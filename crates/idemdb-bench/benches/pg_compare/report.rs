@@ -67,6 +67,22 @@ pub fn wal(cell: &str, kind: Kind, bytes: f64, ops: u64) {
     record(cell, kind, "wal_bytes", bytes / ops as f64);
 }
 
+/// PgStore's `batches` over a cell's timed loops, answering `batched` of its `calls`: the mean
+/// calls per batch, and the share of the calls a batch answered.
+pub fn batches(cell: &str, kind: Kind, batches: u64, batched: u64, calls: u64) {
+    if batches > 0 {
+        record(
+            cell,
+            kind,
+            "calls_per_batch",
+            batched as f64 / batches as f64,
+        );
+    }
+    if calls > 0 {
+        record(cell, kind, "batched_share", batched as f64 / calls as f64);
+    }
+}
+
 /// Criterion's median ns per iteration of `kind` in `cell`, if it ran in this run (and this
 /// is not criterion's test mode, which measures nothing).
 fn median(cell: &str, kind: Kind, test_mode: bool) -> Option<f64> {
@@ -147,6 +163,7 @@ impl Summary {
                 all(&|k| side(&cell, k, "wal_bytes")),
                 0,
             );
+            self.batch_rows(&cell);
         }
         for &n in replayers {
             let cell = format!("pg_replay_{n}");
@@ -169,7 +186,20 @@ impl Summary {
                 all(&|k| side(&cell, k, "wal_bytes")),
                 0,
             );
+            self.batch_rows(&cell);
         }
+    }
+
+    /// PgStore's batch sizes (no ratio: only PgStore batches).
+    fn batch_rows(&mut self, cell: &str) {
+        let pg = |name: &str| [side(cell, Kind::Postgres, name), None, None];
+        self.plain(cell, "PgStore calls per batch", pg("calls_per_batch"), 1);
+        self.plain(
+            cell,
+            "PgStore share of calls answered by a batch",
+            pg("batched_share"),
+            2,
+        );
     }
 
     fn cpu_rows(&mut self, cell: &str, what: &str) {

@@ -80,6 +80,18 @@ impl Opened {
     /// The server's WAL position now (`pg_current_wal_lsn()`, in bytes), for a PostgreSQL
     /// subject: the difference of two is the WAL the whole cluster wrote between them, to the
     /// byte and at once (`pg_stat_wal`'s counters reach the view up to a second late).
+    /// PgStore's batches so far and the calls they answered (`PgStats::batches`,
+    /// `batched_calls`); `None` for the other subjects.
+    pub fn batches(&self) -> Option<(u64, u64)> {
+        match &self.subject {
+            Subject::Pg(store) => {
+                let stats = store.stats();
+                Some((stats.batches, stats.batched_calls))
+            }
+            _ => None,
+        }
+    }
+
     pub fn wal_position(&self, rt: &Handle) -> Option<f64> {
         let url = self.url.as_deref()?;
         rt.block_on(async {

@@ -125,6 +125,27 @@ pub async fn admin(url: &str) -> idemdb_postgres::tokio_postgres::Client {
     client
 }
 
+/// Waits (up to 5 s) until `n` backends of `client`'s database other than its own wait for a
+/// lock: a call has reached the lock a test's transaction holds.
+pub async fn wait_for_lock_waiters(client: &idemdb_postgres::tokio_postgres::Client, n: i64) {
+    for _ in 0..500 {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} calls never waited for a lock");
+}
+
 /// A multi-threaded runtime for one test.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
