@@ -1,7 +1,8 @@
-//! Who runs the queued calls (batch.rs): a call that finds nothing running runs alone, on its
-//! own path, with no hand-off (a lone caller pays nothing for batching); the calls that arrive
-//! meanwhile queue, and when the lone call ends (returns, fails or is dropped) a task drains
-//! the queue batch after batch (batch_sql.rs) until it is empty. Every caller gets the answer
+//! Who runs the queued calls (batch.rs): a call that finds no batch running and fewer than four
+//! calls running alone runs alone, on its own path, with no hand-off (a lone caller pays
+//! nothing for batching); the calls that arrive meanwhile queue, and when a lone call ends
+//! (returns, fails or is dropped) a task drains the queue batch after batch (batch_sql.rs)
+//! until it is empty. Every caller gets the answer
 //! it would get alone, in an order of the concurrent calls: the batch's reserves, then its
 //! finishes.
 

@@ -160,9 +160,9 @@ impl PgStoreBuilder {
     }
 
     /// The most reserves and finishes of concurrent calls that share one transaction, one
-    /// round trip and one commit (default 64; 0 or 1: every call runs on its own). A call
-    /// that finds nothing running runs alone at once; calls that arrive meanwhile are
-    /// gathered (design.md §14.4).
+    /// round trip and one commit (default 64; 0 or 1: every call runs on its own). Up to four
+    /// calls run alone at once, each its own statement; calls that arrive while four run, or
+    /// while a batch runs, are gathered (design.md §14).
     pub fn max_batch(mut self, ops: usize) -> Self {
         self.max_batch = ops;
         self

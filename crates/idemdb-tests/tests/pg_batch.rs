@@ -50,7 +50,8 @@ fn acquired(outcome: ReserveOutcome) -> Reservation {
 }
 
 /// The test's connection holding every stripe's lock.
-struct Gate(Client);
+/// A transaction of the test's holding locks, and the database's URL.
+struct Gate(Client, String);
 
 impl Gate {
     async fn close(url: &str) -> Gate {
@@ -59,12 +60,14 @@ impl Gate {
             .batch_execute("BEGIN; SELECT stripe FROM idemdb_stripes FOR UPDATE")
             .await
             .unwrap();
-        Gate(client)
+        Gate(client, url.to_string())
     }
 
-    /// Waits until `n` other backends wait for a lock (the lone call, or a batch).
+    /// Waits until `n` other backends wait for a lock (the lone calls, or a batch). Asked on
+    /// a connection of its own: inside the gate's transaction, `pg_stat_activity` would show
+    /// the snapshot its first read took.
     async fn waited_on_by(&self, n: i64) {
-        common::stores::wait_for_lock_waiters(&self.0, n).await;
+        waited_on_by(&self.1, n).await;
     }
 
     async fn open(self) {
@@ -72,37 +75,78 @@ impl Gate {
     }
 }
 
-/// A reservation of a fresh key that runs alone and waits at the gate: the calls made while
-/// it waits queue for one batch.
-async fn lone_call_at(gate: &Gate, db: &Arc<PgStore>) -> JoinHandle<ReserveOutcome> {
-    static LONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = LONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let lone = spawn_reserve(db, &format!("lone-{n}"), b"req");
-    gate.waited_on_by(1).await;
-    lone
+/// Waits until `n` backends of the database at `url` wait for a lock.
+async fn waited_on_by(url: &str, n: i64) {
+    common::stores::wait_for_lock_waiters(&admin(url).await, n).await;
 }
 
-/// A lone call that waits for a row lock instead of a stripe (so that the batch behind it
-/// may meet stripes held by the test): the `complete` of a fresh record `held`, whose row the
+/// Calls a store runs alone at once before it queues (design.md §14.4): the tests occupy
+/// them all with calls that wait, so that what they call next is batched.
+const LONE_CALLS: usize = 4;
+
+/// The calls running alone while a batch forms.
+struct Lone<T>(Vec<JoinHandle<T>>);
+
+impl Lone<ReserveOutcome> {
+    async fn acquired(self) {
+        for call in self.0 {
+            acquired(call.await.unwrap());
+        }
+    }
+}
+
+impl Lone<Result<(), PgError>> {
+    async fn done(self) {
+        for call in self.0 {
+            call.await.unwrap().unwrap();
+        }
+    }
+}
+
+/// Reservations of fresh keys that run alone and wait at the gate: the calls made while they
+/// wait queue for one batch.
+async fn lone_call_at(gate: &Gate, db: &Arc<PgStore>) -> Lone<ReserveOutcome> {
+    static LONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let calls: Vec<JoinHandle<ReserveOutcome>> = (0..LONE_CALLS)
+        .map(|_| {
+            let n = LONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            spawn_reserve(db, &format!("lone-{n}"), b"req")
+        })
+        .collect();
+    gate.waited_on_by(LONE_CALLS as i64).await;
+    Lone(calls)
+}
+
+/// Lone calls that wait for a row lock instead of a stripe (so that the batch behind them may
+/// meet stripes held by the test): the `complete`s of fresh records `held-*`, whose rows the
 /// returned gate's transaction holds.
 async fn lone_call_held_by_a_row_lock(
     url: &str,
     db: &Arc<PgStore>,
-) -> (Gate, JoinHandle<Result<(), PgError>>) {
-    let held = acquired(
-        db.reserve(&scope(), &Key::new("held"), b"req", LEASE)
-            .await
-            .unwrap(),
-    );
-    let row_gate = Gate(admin(url).await);
+) -> (Gate, Lone<Result<(), PgError>>) {
+    let mut held = Vec::new();
+    for i in 0..LONE_CALLS {
+        held.push(acquired(
+            db.reserve(&scope(), &Key::new(format!("held-{i}")), b"req", LEASE)
+                .await
+                .unwrap(),
+        ));
+    }
+    let row_gate = Gate(admin(url).await, url.to_string());
     row_gate
         .0
-        .batch_execute("BEGIN; SELECT 1 FROM idemdb_records WHERE key = 'held'::bytea FOR UPDATE")
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM idemdb_records \
+             WHERE substring(key from 1 for 5) = 'held-'::bytea FOR UPDATE",
+        )
         .await
         .unwrap();
-    let lone = spawn_complete(db, &held, b"done");
-    row_gate.waited_on_by(1).await;
-    (row_gate, lone)
+    let calls = held
+        .iter()
+        .map(|r| spawn_complete(db, r, b"done"))
+        .collect();
+    row_gate.waited_on_by(LONE_CALLS as i64).await;
+    (row_gate, Lone(calls))
 }
 
 fn spawn_reserve(
@@ -175,7 +219,7 @@ fn concurrent_calls_share_one_batch_and_each_gets_its_own_answer() {
         queued().await;
         gate.open().await;
 
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         let mut tokens: Vec<u64> = Vec::new();
         for f in fresh {
             tokens.push(acquired(f.await.unwrap()).token().get());
@@ -209,9 +253,9 @@ fn concurrent_calls_share_one_batch_and_each_gets_its_own_answer() {
         let after = db.stats();
         assert_eq!(after.batches - before.batches, 1);
         assert_eq!(after.batched_calls - before.batched_calls, 9);
-        // One commit for the batch's writes (five inserts and a finish); the lone call's and
+        // One commit for the batch's writes (five inserts and a finish); the lone calls' and
         // the owner's own commits besides.
-        assert_eq!(after.commits - before.commits, 1 + 1 + 1);
+        assert_eq!(after.commits - before.commits, LONE_CALLS as u64 + 1 + 1);
     });
 }
 
@@ -254,7 +298,7 @@ fn a_refused_row_fails_only_its_own_caller() {
         queued().await;
         gate.open().await;
 
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         match poison.await.unwrap() {
             Err(e @ PgError::Database(_)) => {
                 assert!(
@@ -289,7 +333,7 @@ fn a_refused_row_fails_only_its_own_caller() {
         let finish = spawn_complete(&db, &doomed, b"never");
         queued().await;
         gate.open().await;
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         for (i, f) in fresh.into_iter().enumerate() {
             let r = acquired(f.await.unwrap());
             let rec = db.get(&s, &Key::new(format!("g{i}"))).await.unwrap();
@@ -322,7 +366,7 @@ fn a_reserve_and_a_complete_of_one_key_in_one_batch() {
         let duplicate = spawn_reserve(&db, "k", b"req");
         queued().await;
         gate.open().await;
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         finish.await.unwrap().unwrap();
         assert!(
             matches!(duplicate.await.unwrap(), ReserveOutcome::InProgress { .. }),
@@ -353,7 +397,7 @@ fn a_takeover_in_a_batch_fences_the_old_owner() {
         let fresh = spawn_reserve(&db, "f", b"req");
         queued().await;
         gate.open().await;
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         acquired(fresh.await.unwrap());
         let new = acquired(successor.await.unwrap());
         assert!(new.is_takeover());
@@ -449,7 +493,7 @@ fn a_batch_of_replays_takes_no_stripe_lock() {
         let before = db.stats();
         // Let the lone call go; the stripes stay held.
         row_gate.open().await;
-        lone.await.unwrap().unwrap();
+        lone.done().await;
         for (i, r) in replays.into_iter().enumerate() {
             let answer = tokio::time::timeout(Duration::from_secs(10), r)
                 .await
@@ -486,7 +530,7 @@ fn duplicates_of_a_fresh_key_in_one_batch_elect_one_owner() {
             .collect();
         queued().await;
         gate.open().await;
-        acquired(lone.await.unwrap());
+        lone.acquired().await;
         let mut owners = 0;
         for d in duplicates {
             match d.await.unwrap() {
@@ -532,9 +576,9 @@ fn a_batch_waits_for_an_older_builds_reservation_of_the_same_key() {
             .await
             .unwrap();
         row_gate.open().await;
-        lone.await.unwrap().unwrap();
+        lone.done().await;
         // The batch waits for the older build's stripe lock ...
-        Gate(admin(&url).await).waited_on_by(1).await;
+        waited_on_by(&url, 1).await;
         older.batch_execute("COMMIT").await.unwrap();
         // ... and then finds the key taken (by a payload of the older build's test caller).
         match batched.await.unwrap() {
@@ -589,8 +633,8 @@ fn a_key_released_between_the_batchs_lock_and_its_insert_is_not_inserted() {
         let beside = spawn_reserve(&db, &fresh, b"req");
         queued().await;
         row_gate.open().await;
-        lone.await.unwrap().unwrap();
-        Gate(admin(&url).await).waited_on_by(1).await;
+        lone.done().await;
+        waited_on_by(&url, 1).await;
         // Between the batch's two statements: the owner releases, and an older build's
         // reservation takes the key's stripe and inserts, uncommitted.
         db.release(&owner).await.unwrap();
@@ -604,10 +648,10 @@ fn a_key_released_between_the_batchs_lock_and_its_insert_is_not_inserted() {
             ))
             .await
             .unwrap();
-        Gate(stripes).open().await;
+        Gate(stripes, url.clone()).open().await;
         acquired(beside.await.unwrap());
         // The key's caller decides on its own path, and waits for the older build's stripe.
-        Gate(admin(&url).await).waited_on_by(1).await;
+        waited_on_by(&url, 1).await;
         older.batch_execute("COMMIT").await.unwrap();
         match batched.await.unwrap() {
             ReserveOutcome::Mismatch => {}

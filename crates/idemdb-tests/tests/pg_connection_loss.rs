@@ -479,15 +479,22 @@ async fn batch_cut(cut: Cut) -> (PgStore, PgStore, Vec<Key>) {
     gate.batch_execute("BEGIN; SELECT stripe FROM idemdb_stripes FOR UPDATE")
         .await
         .unwrap();
-    let lone = {
-        let through = Arc::clone(&through);
-        tokio::spawn(async move {
-            through
-                .reserve(&scope(), &Key::new("lone"), b"req", LEASE)
-                .await
+    // The store runs up to four calls alone before it queues (design.md §14.4): four lone
+    // reservations, the first on the one connection waiting for the gate, the others for the
+    // connection.
+    let lone: Vec<_> = (0..4)
+        .map(|i| {
+            let through = Arc::clone(&through);
+            tokio::spawn(async move {
+                through
+                    .reserve(&scope(), &Key::new(format!("lone-{i}")), b"req", LEASE)
+                    .await
+            })
         })
-    };
-    common::stores::wait_for_lock_waiters(&gate, 1).await;
+        .collect();
+    // Asked outside the gate's transaction, whose `pg_stat_activity` would stay as first read.
+    common::stores::wait_for_lock_waiters(&common::stores::admin(&url).await, 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let keys = vec![Key::new("a"), Key::new("b")];
     let mut batched = Vec::new();
     for key in &keys {
@@ -509,7 +516,9 @@ async fn batch_cut(cut: Cut) -> (PgStore, PgStore, Vec<Key>) {
     let before = through.stats();
     proxy.arm(cut);
     gate.batch_execute("COMMIT").await.unwrap();
-    acquired(lone.await.unwrap().unwrap());
+    for call in lone {
+        acquired(call.await.unwrap().unwrap());
+    }
     for call in batched {
         let result = call.await.unwrap();
         assert!(

@@ -126,7 +126,8 @@ pub async fn admin(url: &str) -> idemdb_postgres::tokio_postgres::Client {
 }
 
 /// Waits (up to 5 s) until `n` backends of `client`'s database other than its own wait for a
-/// lock: a call has reached the lock a test's transaction holds.
+/// lock: a call has reached the lock a test's transaction holds. `client` must not be inside a
+/// transaction: there `pg_stat_activity` keeps the snapshot of its first read.
 pub async fn wait_for_lock_waiters(client: &idemdb_postgres::tokio_postgres::Client, n: i64) {
     for _ in 0..500 {
         let waiting: i64 = client
@@ -143,7 +144,17 @@ pub async fn wait_for_lock_waiters(client: &idemdb_postgres::tokio_postgres::Cli
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{n} calls never waited for a lock");
+    let seen: Vec<String> = client
+        .query(
+            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' \
+             || coalesce(state, '-') || ' ' || left(query, 60) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+        .unwrap_or_default();
+    panic!("{n} calls never waited for a lock; the database's other sessions: {seen:#?}");
 }
 
 /// A multi-threaded runtime for one test.
