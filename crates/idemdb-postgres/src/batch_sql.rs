@@ -108,13 +108,29 @@ const FINISH: &str = concat!(
      SELECT i, CASE WHEN waiters > 0 THEN pg_notify($9, note)::text END FROM done"
 );
 
-/// The reserves' parameters, as arrays.
+/// The keys of one kind of request, as the statements' first three arrays, and where each
+/// request is in the batch.
 #[derive(Default)]
-struct Reserves<'a> {
+struct Keys<'a> {
     at: Vec<usize>,
     op: Vec<&'a [u8]>,
     pr: Vec<&'a [u8]>,
     k: Vec<&'a [u8]>,
+}
+
+impl<'a> Keys<'a> {
+    fn push(&mut self, at: usize, p: &KeyParts<'a>) {
+        self.at.push(at);
+        self.op.push(p.operation);
+        self.pr.push(p.principal);
+        self.k.push(p.key);
+    }
+}
+
+/// The reserves' parameters, as arrays.
+#[derive(Default)]
+struct Reserves<'a> {
+    keys: Keys<'a>,
     fp: Vec<&'a [u8]>,
     lease: Vec<i64>,
     ttl: Vec<i64>,
@@ -125,10 +141,7 @@ struct Reserves<'a> {
 /// The finishes' parameters, as arrays.
 #[derive(Default)]
 struct Finishes<'a> {
-    at: Vec<usize>,
-    op: Vec<&'a [u8]>,
-    pr: Vec<&'a [u8]>,
-    k: Vec<&'a [u8]>,
+    keys: Keys<'a>,
     token: Vec<i64>,
     state: Vec<i16>,
     response: Vec<&'a [u8]>,
@@ -163,10 +176,7 @@ impl Inner {
                     flag_beyond,
                 } => {
                     spans.push(lease_ms.saturating_add(*ttl_ms));
-                    reserves.at.push(i);
-                    reserves.op.push(p.operation);
-                    reserves.pr.push(p.principal);
-                    reserves.k.push(p.key);
+                    reserves.keys.push(i, &p);
                     reserves.fp.push(&fingerprint[..]);
                     reserves.lease.push(span(*lease_ms));
                     reserves.ttl.push(span(*ttl_ms));
@@ -181,10 +191,7 @@ impl Inner {
                     ttl_ms,
                 } => {
                     spans.push(*ttl_ms);
-                    finishes.at.push(i);
-                    finishes.op.push(p.operation);
-                    finishes.pr.push(p.principal);
-                    finishes.k.push(p.key);
+                    finishes.keys.push(i, &p);
                     finishes.token.push(token_value(*token));
                     finishes.state.push(*state);
                     finishes.response.push(response);
@@ -220,12 +227,16 @@ impl Inner {
         let Ok((lock, reserve, finish)) = statements.await else {
             return alone();
         };
-        let lock_params: [&(dyn ToSql + Sync); 4] =
-            [&reserves.op, &reserves.pr, &reserves.k, &reserves.stripe];
+        let lock_params: [&(dyn ToSql + Sync); 4] = [
+            &reserves.keys.op,
+            &reserves.keys.pr,
+            &reserves.keys.k,
+            &reserves.stripe,
+        ];
         let reserve_params: [&(dyn ToSql + Sync); 8] = [
-            &reserves.op,
-            &reserves.pr,
-            &reserves.k,
+            &reserves.keys.op,
+            &reserves.keys.pr,
+            &reserves.keys.k,
             &reserves.fp,
             &reserves.lease,
             &reserves.ttl,
@@ -234,9 +245,9 @@ impl Inner {
         ];
         let channel = CHANNEL;
         let finish_params: [&(dyn ToSql + Sync); 9] = [
-            &finishes.op,
-            &finishes.pr,
-            &finishes.k,
+            &finishes.keys.op,
+            &finishes.keys.pr,
+            &finishes.keys.k,
             &finishes.token,
             &finishes.state,
             &finishes.response,
@@ -244,8 +255,8 @@ impl Inner {
             &finishes.note,
             &channel,
         ];
-        let has_reserves = !reserves.at.is_empty();
-        let has_finishes = !finishes.at.is_empty();
+        let has_reserves = !reserves.keys.at.is_empty();
+        let has_finishes = !finishes.keys.at.is_empty();
         let began = Instant::now();
         // Every message is sent at the first poll, in this order: one round trip.
         let (begun, locked, reserved, finished, committed) = tokio::join!(
@@ -301,11 +312,11 @@ impl Inner {
         let mut answers: Vec<Answer> = ops.iter().map(|_| Ok(BatchAnswer::Alone)).collect();
         let mut writes = 0;
         if let Some(rows) = reserved {
-            if rows.len() != reserves.at.len() {
+            if rows.len() != reserves.keys.at.len() {
                 let e = PgError::Internal("a batch's reserve answered the wrong rows".into());
                 return ops.iter().map(|_| Err(e.clone())).collect();
             }
-            for (at, row) in reserves.at.iter().zip(rows) {
+            for (at, row) in reserves.keys.at.iter().zip(rows) {
                 if row.try_get::<_, Option<i64>>(9).ok().flatten().is_some() {
                     writes += 1;
                 }
@@ -323,7 +334,7 @@ impl Inner {
                 };
                 let Some(at) = usize::try_from(ordinal - 1)
                     .ok()
-                    .and_then(|i| finishes.at.get(i))
+                    .and_then(|i| finishes.keys.at.get(i))
                 else {
                     let e = PgError::Internal("a batch's finish answered the wrong rows".into());
                     return ops.iter().map(|_| Err(e.clone())).collect();

@@ -61,7 +61,8 @@ pub struct PgStats {
     /// owner's finish, release or extension, an execution's transaction, or a batch of
     /// concurrent calls' reserves and finishes (one commit for all of them).
     pub commits: u64,
-    /// Batches of concurrent calls' reserves and finishes run (`PgStoreBuilder::max_batch`).
+    /// Batches of concurrent calls' reserves and finishes that answered their calls
+    /// (`PgStoreBuilder::max_batch`); a batch cut or refused is not counted.
     pub batches: u64,
     /// Calls answered by those batches (their mean size: `batched_calls / batches`).
     pub batched_calls: u64,

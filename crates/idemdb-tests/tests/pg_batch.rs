@@ -660,3 +660,59 @@ fn a_key_released_between_the_batchs_lock_and_its_insert_is_not_inserted() {
         assert_eq!(db.stats().batches - before.batches, 1);
     });
 }
+
+/// Instances whose clocks are 10 minutes ahead and behind, their calls batched: every lease
+/// and expiry a batch writes is the server's time plus the span, whatever the instance says
+/// (the batch's statements read the store's time themselves, as single calls do).
+#[test]
+fn a_batch_of_a_skewed_instance_writes_the_server_s_times() {
+    within(async {
+        let (url, _clock, _db) = setup().await;
+        for (name, skew) in [("ahead", 600_000), ("behind", -600_000)] {
+            let db = Arc::new(
+                PgStore::builder(&url)
+                    .unwrap()
+                    .clock(common::stores::Skewed(skew))
+                    .retention(Retention::default().compact_interval(None))
+                    .connect()
+                    .await
+                    .unwrap(),
+            );
+            let s = scope();
+            let owned = acquired(
+                db.reserve(&s, &Key::new(format!("{name}-owned")), b"req", LEASE)
+                    .await
+                    .unwrap(),
+            );
+            let before = db.stats();
+            let gate = Gate::close(&url).await;
+            let lone = lone_call_at(&gate, &db).await;
+            let fresh = spawn_reserve(&db, &format!("{name}-fresh"), b"req");
+            let finish = spawn_complete(&db, &owned, b"done");
+            queued().await;
+            gate.open().await;
+            lone.acquired().await;
+            let r = acquired(fresh.await.unwrap());
+            finish.await.unwrap().unwrap();
+            assert_eq!(db.stats().batches - before.batches, 1, "{name}");
+            let lease = u64::try_from(LEASE.as_millis()).unwrap();
+            assert_eq!(r.lease_expires_at(), T0 + lease, "{name}");
+            let fresh = db
+                .get(&s, &Key::new(format!("{name}-fresh")))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(fresh.lease_expires_at, T0 + lease, "{name}");
+            let done = db
+                .get(&s, &Key::new(format!("{name}-owned")))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (done.state, done.updated_at),
+                (RecordState::Completed, T0),
+                "{name}"
+            );
+        }
+    });
+}
