@@ -114,6 +114,10 @@ impl IdemDb {
             memory_budget,
         } = settings;
         let rules = retention.rules(crate::config::DEFAULT_PARTITION_WIDTH);
+        let mut tables = tables;
+        // The outbox's tables are written through the log like a registered caller table.
+        tables.register(crate::engine_tables::OUTBOX);
+        tables.register(crate::engine_tables::OUTBOX_PARKED);
         let meta = meta::load_or_init(&db, &rules)?;
         let caches = MemoryUse {
             page_cache: page_cache as u64,
@@ -149,6 +153,7 @@ impl IdemDb {
         // The open's commit is a checkpoint with nothing written after it.
         crate::redb_buffer::write_out(&db, config.quick_repair)?;
         let log_gauges = log.gauges();
+        let staged_up_to = crate::outbox_state::highest_staged(&db)?;
         let layout = Layout::load(&db, rules, meta.index_seed, clock.now_ms())?;
         let engine = Arc::new(Engine::new(
             Arc::new(db),
@@ -159,6 +164,7 @@ impl IdemDb {
             tables,
             replay_cache,
         ));
+        engine.outbox.start_above(staged_up_to);
         let writer = Writer::start(
             Arc::clone(&engine),
             config,

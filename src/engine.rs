@@ -11,6 +11,7 @@ use redb::Database;
 use crate::config::Limits;
 use crate::durability::DurabilityTracker;
 use crate::error::Error;
+use crate::outbox_state::OutboxState;
 use crate::records::locate::Layout;
 use crate::records::replay_cache::ReplayCache;
 use crate::records::snapshot::Snapshots;
@@ -34,6 +35,8 @@ pub(crate) struct Engine {
     pub(crate) waits: WaitRegistry,
     /// Caller tables whose writes are logged (`Builder::table`).
     pub(crate) tables: TableRegistry,
+    /// Staging numbers, the dispatcher's wake-ups and the delivery counters.
+    pub(crate) outbox: OutboxState,
     /// Serialises compaction passes (the background one and `compact_now`).
     pub(crate) compaction: Mutex<()>,
     /// Tests run this before the next widening switch (testing::before_next_widening_switch).
@@ -71,6 +74,7 @@ impl Engine {
             stats: StatsCollector::default(),
             waits: WaitRegistry::default(),
             tables,
+            outbox: OutboxState::default(),
             compaction: Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             before_widening_switch: Mutex::new(None),

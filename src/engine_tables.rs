@@ -17,6 +17,22 @@ pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("
 /// partitions.
 pub(crate) const INFLIGHT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemdb_inflight");
 
+/// Outbox messages staged and not yet delivered, by sequence number (commit order); a value
+/// is an encoded message (outbox_row.rs). Written through the log like a registered caller
+/// table, so that a staging commit is durable with its record's frame.
+pub(crate) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemdb_outbox");
+/// Parked outbox messages (a permanent failure, or the attempt cap reached), by the same
+/// sequence numbers, until an operator retries or purges them.
+pub(crate) const OUTBOX_PARKED: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("idemdb_outbox_parked");
+
+/// Whether `name` is one of the outbox tables: idemdb's, yet logged and replayed as a
+/// registered caller table is.
+pub(crate) fn is_outbox_table(name: &str) -> bool {
+    use redb::TableHandle;
+    name == OUTBOX.name() || name == OUTBOX_PARKED.name()
+}
+
 pub(crate) const NEXT_TOKEN_KEY: &str = "next_token";
 /// The sequence number of the last log frame this file holds (wal/): absent before the first
 /// checkpoint.

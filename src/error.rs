@@ -76,6 +76,9 @@ pub enum Error {
     Reentrant,
     /// The operating system gave no randomness for the fingerprint secret.
     Entropy(String),
+    /// A [`Dispatcher`](crate::Dispatcher) of this database already runs: one at a time, so
+    /// that messages of one ordering key go out in commit order.
+    DispatcherRunning,
     /// A typed value failed to serialize or deserialize.
     Codec(Arc<serde_json::Error>),
     /// Opening would take more memory than [`Builder::memory_budget`](crate::Builder::memory_budget)
@@ -142,6 +145,10 @@ impl fmt::Display for Error {
             ),
             Error::Closed => write!(f, "the database is closed"),
             Error::Poisoned(why) => write!(f, "database poisoned, reopen it: {why}"),
+            Error::DispatcherRunning => write!(
+                f,
+                "an outbox dispatcher of this database already runs; stop it first"
+            ),
             Error::Reentrant => write!(
                 f,
                 "a closure called the database from inside its own commit; use its Tx handle"

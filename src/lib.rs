@@ -19,6 +19,9 @@
 //!   caller's own redb tables, in one transaction.
 //! - Every outcome returned is durable. Writes from concurrent callers share fsyncs (group
 //!   commit).
+//! - [`Tx::stage`] stages an outbox [`Message`] in the record's commit; a [`Dispatcher`]
+//!   delivers it at least once after that commit is durable, with a stable [`MessageId`] for
+//!   the receiver's dedupe, in commit order per ordering key.
 //!
 //! - The crate `idemdb-postgres` gives the same semantics to instances that share one
 //!   PostgreSQL database; the [`Store`] trait, the HTTP layer (crate `idemdb-http`) and
@@ -40,6 +43,8 @@ mod error;
 mod log_problem;
 mod measured;
 mod observe;
+mod outbox_row;
+mod outbox_state;
 mod record;
 mod reentry;
 mod shard;
@@ -52,6 +57,7 @@ mod wal;
 mod guard;
 mod tables;
 mod tx;
+mod tx_outbox;
 mod tx_table;
 // The record store: partitions, the key index, the overlay, the read snapshot.
 mod records;
@@ -98,11 +104,13 @@ pub use idemdb_core::{BlockingStore, Store};
 pub type Typed<'db, T, F = T, S = IdemDb> = idemdb_core::Typed<'db, T, F, S>;
 pub use compactor::CompactionReport;
 pub use idemdb_core::inbox::Consumed;
+pub use idemdb_core::outbox::{Message, MessageId, OutboxMessage, Publish, PublishError};
 pub use idemdb_core::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use idemdb_core::retention::{BeyondHorizonPolicy, Retention};
-pub use idemdb_core::scope::{Key, Scope};
+pub use idemdb_core::scope::{Key, RecordKey, Scope};
 pub use idemdb_core::token::{FencingToken, Reservation};
 pub use log_problem::LogProblem;
+pub use ops::{DispatchOptions, Dispatcher, OutboxStats};
 pub use record::{Record, RecordState};
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, MemoryUse, Stats};

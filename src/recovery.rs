@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, StorageBackend, TableDefinition};
 
-use crate::engine_tables::{CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX};
+use crate::engine_tables::{
+    CHECKPOINT_KEY, INFLIGHT, META, NEXT_TOKEN_KEY, RESERVED_PREFIX, is_outbox_table,
+};
 use crate::error::Error;
 use crate::log_problem::LogProblem;
 use crate::records::partition::PartitionName;
@@ -401,11 +403,12 @@ fn commit(
         let mut open_tables = HashMap::new();
         for effect in frames.iter().flat_map(|f| &f.effects) {
             match effect {
-                // Caller tables cannot have idemdb's prefix (Tx refuses it).
-                Effect::Put { table, key, value } if !table.starts_with(RESERVED_PREFIX) => {
+                // Caller tables cannot have idemdb's prefix (Tx refuses it); the outbox's
+                // tables are registered as caller tables are (db.rs).
+                Effect::Put { table, key, value } if replayed_as_registered(table) => {
                     how.tables.replay(&txn, table, key, Some(value))?;
                 }
-                Effect::Remove { table, key } if !table.starts_with(RESERVED_PREFIX) => {
+                Effect::Remove { table, key } if replayed_as_registered(table) => {
                     how.tables.replay(&txn, table, key, None)?;
                 }
                 Effect::Put { table, key, value } => {
@@ -425,6 +428,11 @@ fn commit(
     }
     txn.commit()?;
     Ok(())
+}
+
+/// A caller table's writes, or the outbox's: replayed through the table registry, typed.
+fn replayed_as_registered(name: &str) -> bool {
+    !name.starts_with(RESERVED_PREFIX) || is_outbox_table(name)
 }
 
 type RecordTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;

@@ -2,7 +2,7 @@
 //! dedupe record.
 
 use idemdb_core::error::Refusal;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use redb::{
@@ -10,10 +10,13 @@ use redb::{
     Value, WriteTransaction,
 };
 
+use crate::config::Limits;
 use crate::engine_tables::RESERVED_PREFIX;
 use crate::error::{Error, InputError};
+use crate::outbox_state::OutboxState;
 use crate::tables::TableRegistry;
 use crate::tx_table::{BusinessLog, TxTable};
+use idemdb_core::scope::RecordKey;
 
 /// The write transaction a closure of [`IdemDb::execute`](crate::IdemDb::execute) or
 /// [`IdemDb::complete_with`](crate::IdemDb::complete_with) runs in.
@@ -41,26 +44,41 @@ use crate::tx_table::{BusinessLog, TxTable};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Tx<'a> {
-    txn: &'a WriteTransaction,
-    tables: &'a TableRegistry,
-    now_ms: u64,
+    pub(crate) txn: &'a WriteTransaction,
+    pub(crate) env: TxEnv<'a>,
+    /// The record this transaction commits with (`None` in a `run`): staged messages' ids
+    /// derive from it.
+    pub(crate) record: Option<&'a RecordKey>,
     beyond_horizon: bool,
-    log: RefCell<BusinessLog>,
+    pub(crate) log: RefCell<BusinessLog>,
+    /// Messages staged so far (tx_outbox.rs).
+    pub(crate) staged: Cell<u32>,
+}
+
+/// What a closure's transaction uses of the engine.
+#[derive(Clone, Copy)]
+pub(crate) struct TxEnv<'a> {
+    pub(crate) tables: &'a TableRegistry,
+    pub(crate) limits: &'a Limits,
+    pub(crate) outbox: &'a OutboxState,
+    /// The batch's clock reading.
+    pub(crate) now_ms: u64,
 }
 
 impl<'a> Tx<'a> {
     pub(crate) fn new(
         txn: &'a WriteTransaction,
-        tables: &'a TableRegistry,
-        now_ms: u64,
+        env: TxEnv<'a>,
+        record: Option<&'a RecordKey>,
         beyond_horizon: bool,
     ) -> Self {
         Tx {
             txn,
-            tables,
-            now_ms,
+            env,
+            record,
             beyond_horizon,
             log: RefCell::default(),
+            staged: Cell::new(0),
         }
     }
 
@@ -76,7 +94,7 @@ impl<'a> Tx<'a> {
     ) -> Result<TxTable<'_, K, V>, Error> {
         let name = definition.name();
         check_name(name)?;
-        let logged = self.tables.logs::<K, V>(name);
+        let logged = self.env.tables.logs::<K, V>(name);
         Ok(TxTable::new(
             self.txn.open_table(definition)?,
             Arc::from(name),
@@ -98,7 +116,7 @@ impl<'a> Tx<'a> {
 
     /// The engine's clock reading for this operation, ms since the epoch.
     pub fn now_ms(&self) -> u64 {
-        self.now_ms
+        self.env.now_ms
     }
 
     /// In [`execute`](crate::IdemDb::execute): the key's earlier record expired (or was

@@ -9,20 +9,28 @@
 //! - owner.rs: `complete`, `fail`, `release`, `extend`, `complete_with`, `fail_with`;
 //! - execute.rs: `execute` and `run`;
 //! - inbox.rs: `consume`, `consume_batch`;
+//! - outbox.rs: `outbox_stats`, `outbox_pending`, `outbox_parked`, `retry_parked`,
+//!   `park_message`, `purge_parked`; dispatch.rs: the [`Dispatcher`](crate::Dispatcher) that
+//!   delivers what closures stage (`Tx::stage`, tx_outbox.rs);
 //! - inspect.rs: `get`, `stats`, `begin_read`, the settings in force, `compact_now`;
 //! - scan.rs: `scan`, `verify`;
 //! - typed.rs: `typed`;
 //! - store.rs: `IdemDb` as a `Store` and a `BlockingStore`.
 
+mod dispatch;
 mod execute;
 mod inbox;
 mod inspect;
 mod open;
+mod outbox;
 mod owner;
 mod reserve;
 mod scan;
 mod store;
 mod typed;
+
+pub use dispatch::{DispatchOptions, Dispatcher};
+pub use outbox::OutboxStats;
 
 use std::panic::resume_unwind;
 use std::sync::Arc;

@@ -7,8 +7,11 @@ use redb::{
 };
 
 use crate::config::SCAN_PROGRESS_EVERY;
-use crate::engine_tables::{INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX};
+use crate::engine_tables::{
+    INFLIGHT, META, NEXT_TOKEN_KEY, RECORDS, RESERVED_PREFIX, is_outbox_table,
+};
 use crate::error::Error;
+use crate::outbox_row::OutboxRow;
 use crate::record::{Record, RecordState};
 use crate::records::filter::{FILTERS, FilterRow};
 use crate::records::horizon::{
@@ -134,6 +137,8 @@ impl<P: FnMut(u64)> Check<'_, P> {
                                 width, ttl): the catalog ignores it, its records are never read";
                     self.problem(&name, None, what.to_string());
                 }
+            } else if is_outbox_table(&name) {
+                self.outbox_rows(txn, &name)?;
             } else if PartitionName::is_build_table(&name) || is_retired_table(&name) {
                 // A wide partition being built, or one a crash left: the next compaction
                 // pass retires it. A retired table: later passes free its pages. Neither is
@@ -164,6 +169,19 @@ impl<P: FnMut(u64)> Check<'_, P> {
                 self.problem(&name, None, what.to_string());
             } else {
                 self.report.other_tables += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row of an outbox table reads back whole (its checksum covers its key).
+    fn outbox_rows(&mut self, txn: &ReadTransaction, name: &str) -> Result<(), Error> {
+        let table = txn.open_table(TableDefinition::<u64, &[u8]>::new(name))?;
+        for entry in table.iter()? {
+            let (seq, value) = entry?;
+            if let Err(e) = OutboxRow::decode(seq.value(), value.value()) {
+                let key = seq.value().to_le_bytes();
+                self.problem(name, Some(&key), e.to_string());
             }
         }
         Ok(())

@@ -9,12 +9,13 @@ use super::op::{BusinessFn, ClosureFailed, ExecuteFn, OpOutput, RecordOp, RunFn,
 use crate::config::Limits;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::outbox_state::OutboxState;
 use crate::record::{Record, RecordState};
 use crate::records::locate::Found;
 use crate::records::overlay::Written;
 use crate::records::txn::{Created, Records};
 use crate::tables::TableRegistry;
-use crate::tx::Tx;
+use crate::tx::{Tx, TxEnv};
 use crate::tx_table::BusinessLog;
 use crate::wal::Effect;
 use idemdb_core::decide::{Decision, Replay, check_owner, decide, new_owner};
@@ -33,6 +34,20 @@ pub(crate) struct Ctx<'a> {
     pub(crate) limits: &'a Limits,
     /// The caller tables whose writes are logged.
     pub(crate) tables: &'a TableRegistry,
+    /// Where staged messages take their numbers.
+    pub(crate) outbox: &'a OutboxState,
+}
+
+impl<'a> Ctx<'a> {
+    /// What a closure's transaction uses.
+    fn tx_env(&self) -> TxEnv<'a> {
+        TxEnv {
+            tables: self.tables,
+            limits: self.limits,
+            outbox: self.outbox,
+            now_ms: self.now_ms,
+        }
+    }
 }
 
 /// The result of applying one op.
@@ -224,7 +239,7 @@ fn with_txn(txn: Option<&WriteTransaction>) -> Result<&WriteTransaction, Stop> {
 
 /// `run`: the caller's closure over its tables, without a record.
 fn apply_run(body: RunFn, txn: Option<&WriteTransaction>, ctx: &Ctx<'_>) -> Result<Applied, Stop> {
-    let mut tx = Tx::new(with_txn(txn)?, ctx.tables, ctx.now_ms, false);
+    let mut tx = Tx::new(with_txn(txn)?, ctx.tx_env(), None, false);
     Ok(match run_closure(|| body(&mut tx)) {
         Ok(()) => Applied::changed(OpOutput::Ran).wrote(tx.into_log()),
         Err(failed) => Applied::aborted(Ok(failed)),
@@ -288,7 +303,7 @@ fn apply_finish(
     };
     let mut wrote = BusinessLog::default();
     if let Some(business) = business {
-        let mut tx = Tx::new(with_txn(txn)?, ctx.tables, ctx.now_ms, false);
+        let mut tx = Tx::new(with_txn(txn)?, ctx.tx_env(), Some(&at.key), false);
         match run_closure(|| business(&mut tx)) {
             Ok(()) => wrote = tx.into_log(),
             Err(failed) => return Ok(Applied::aborted(Ok(failed))),
@@ -361,7 +376,7 @@ fn apply_execute(
             takeover,
         } => (rec, beyond, takeover),
     };
-    let mut tx = Tx::new(with_txn(txn)?, ctx.tables, now, beyond);
+    let mut tx = Tx::new(with_txn(txn)?, ctx.tx_env(), Some(&key), beyond);
     let outcome = match run_closure(|| body(&mut tx)) {
         Ok(outcome) => outcome,
         Err(failed) => return Ok(Applied::aborted(Ok(failed))),

@@ -50,6 +50,9 @@ impl Writer {
         let now_ms = engine.clock.now_ms();
         engine.layout.note_write_time(now_ms);
         let keys: Vec<Option<RecordKey>> = batch.iter().map(|j| j.op.key().cloned()).collect();
+        // Messages are staged under the leader lock only: this batch's take the numbers from
+        // here on.
+        let first_staged = engine.outbox.peek_next();
         let closures: Vec<bool> = batch.iter().map(|j| j.op.runs_closure()).collect();
         // I7: each op acquires at most one token, and every token issued is below a ceiling
         // already durable in the database file: raised first, by a checkpoint, if need be.
@@ -113,6 +116,11 @@ impl Writer {
             engine.stats.record_batch(n, started.elapsed());
         }
         engine.durability.durable(seq);
+        // After the durability point: the dispatcher reads only what is durable (I24).
+        let next_staged = engine.outbox.peek_next();
+        if done.any && next_staged > first_staged {
+            engine.outbox.committed(first_staged, next_staged - 1);
+        }
         engine.waits.notify(
             keys.iter()
                 .zip(&done.changed)
@@ -145,6 +153,7 @@ impl Writer {
             next_token: &mut leader.next_token,
             limits: &engine.limits,
             tables: &engine.tables,
+            outbox: &engine.outbox,
         };
         let segment = apply_segment(engine, ops, &mut ctx, &done.written)?;
         let rollback = segment

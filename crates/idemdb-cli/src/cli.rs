@@ -138,6 +138,54 @@ pub enum Command {
         #[arg(long)]
         include_expired: bool,
     },
+    /// The outbox: list pending and parked messages, retry or park one, purge the parked.
+    Outbox {
+        #[command(subcommand)]
+        action: OutboxAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxAction {
+    /// Pending messages (oldest commit first), then parked ones, with their attempts and last
+    /// error; a count of each on stderr.
+    List {
+        /// The database file.
+        path: PathBuf,
+        /// Only the parked messages.
+        #[arg(long)]
+        parked: bool,
+        /// Stop after N messages.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// Put a parked message back in line (its attempts reset). Exit code 1 if no parked
+    /// message has that id.
+    Retry {
+        /// The database file.
+        path: PathBuf,
+        /// The message id (32 hex digits, as `list` shows it).
+        id: String,
+    },
+    /// Park a pending message: it is not sent, and holds back later messages of its ordering
+    /// key, until `retry`. Exit code 1 if no pending message has that id.
+    Park {
+        /// The database file.
+        path: PathBuf,
+        /// The message id.
+        id: String,
+        /// Why (stored as its last error).
+        #[arg(long, default_value = "parked from the command line")]
+        reason: String,
+    },
+    /// Remove every parked message for good (never sent). Asks for `yes` on a terminal.
+    Purge {
+        /// The database file.
+        path: PathBuf,
+        /// Confirm without asking (needed when stdin is not a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Debug, Args)]

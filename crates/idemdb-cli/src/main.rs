@@ -7,6 +7,7 @@ mod cli;
 mod commands;
 mod errors;
 mod open;
+mod outbox;
 mod output;
 mod progress;
 mod records;
@@ -75,6 +76,7 @@ fn run(ctx: &mut Ctx, cli: &Cli) -> Result<u8, CliError> {
             path,
             include_expired,
         } => records::export(ctx, path, global, *include_expired),
+        Command::Outbox { action } => outbox::outbox(ctx, global, action),
     }
 }
 

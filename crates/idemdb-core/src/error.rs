@@ -24,6 +24,18 @@ pub enum InputError {
         /// The limit in bytes.
         max: usize,
     },
+    /// More items than the configured limit.
+    TooMany {
+        /// Which items.
+        what: &'static str,
+        /// How many there would be.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An outbox message was staged in a transaction without a record (`run`): its id
+    /// derives from the record.
+    StagedWithoutRecord,
     /// A lease of zero length was asked for.
     ZeroLease,
     /// A business table name used idemdb's reserved prefix `idemdb_`.
@@ -46,6 +58,14 @@ impl fmt::Display for InputError {
             InputError::TooLong { what, len, max } => {
                 write!(f, "{what} is {len} bytes, more than the limit of {max}")
             }
+            InputError::TooMany { what, count, max } => {
+                write!(f, "{count} {what}, more than the limit of {max}")
+            }
+            InputError::StagedWithoutRecord => write!(
+                f,
+                "an outbox message can be staged only in the commit of a record (execute, \
+                 complete_with, fail_with, an inbox handler): its id derives from the record"
+            ),
             InputError::ZeroLease => write!(f, "a lease must be longer than zero"),
             InputError::ReservedTableName { name } => {
                 write!(

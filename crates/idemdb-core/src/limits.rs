@@ -18,6 +18,11 @@ pub struct Limits {
     pub max_key_len: usize,
     /// Largest stored response, in bytes (default 1 MiB). May be empty.
     pub max_response_len: usize,
+    /// Largest outbox message, in bytes: payload, ordering key and headers (default 1 MiB;
+    /// at most 1 GiB).
+    pub max_message_len: usize,
+    /// Most outbox messages one commit may stage (default 64). Must not be zero.
+    pub max_messages_per_commit: usize,
 }
 
 impl Limits {
@@ -45,13 +50,18 @@ impl Limits {
                 self.max_response_len,
                 Self::MAX_RESPONSE_LEN,
             ),
+            (
+                "max_message_len",
+                self.max_message_len,
+                Self::MAX_RESPONSE_LEN,
+            ),
         ];
-        for what in ["max_operation_len", "max_key_len"] {
-            let len = if what == "max_key_len" {
-                self.max_key_len
-            } else {
-                self.max_operation_len
-            };
+        let nonzero = [
+            ("max_operation_len", self.max_operation_len),
+            ("max_key_len", self.max_key_len),
+            ("max_messages_per_commit", self.max_messages_per_commit),
+        ];
+        for (what, len) in nonzero {
             if len == 0 {
                 return Err(InputError::Empty { what });
             }
@@ -84,6 +94,8 @@ impl Default for Limits {
             max_principal_len: 256,
             max_key_len: 1024,
             max_response_len: 1 << 20,
+            max_message_len: 1 << 20,
+            max_messages_per_commit: 64,
         }
     }
 }

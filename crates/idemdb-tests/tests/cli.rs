@@ -629,3 +629,71 @@ fn usage_errors_exit_2() {
     let (code, _, err) = run(&["stats", "x", "--ttl", "5 fortnights"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// `outbox list / park / retry / purge`: pending and parked messages listed, one parked and
+/// put back by id, the parked purged only when confirmed (stdin is not a terminal here, so
+/// without `--yes` it refuses and removes nothing).
+#[test]
+fn outbox_lists_parks_retries_and_purges_only_when_confirmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outbox.idemdb");
+    {
+        let db = IdemDb::open(&path).unwrap();
+        for (key, payload) in [("k1", "first"), ("k2", "second")] {
+            let m = idemdb::Message::new("orders", payload.as_bytes().to_vec())
+                .ordering_key(b"customer-1".to_vec());
+            let _ = db
+                .execute(&Scope::new("op", "p"), &Key::new(key), b"req", move |tx| {
+                    tx.stage(m)?;
+                    Ok::<_, idemdb::Error>(idemdb::Outcome::Completed(b"ok".to_vec()))
+                })
+                .unwrap();
+        }
+    }
+    let p = path.to_str().unwrap();
+    let (code, out, err) = run(&["outbox", "list", p, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listed = json_lines(&out);
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["status"], "pending");
+    assert_eq!(listed[0]["payload"], "first");
+    assert_eq!(listed[0]["ordering_key"], "customer-1");
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    let (code, out, _) = run(&["outbox", "list", p]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .starts_with(&format!("pending {id} #")),
+        "{out}"
+    );
+
+    assert_eq!(
+        run(&["outbox", "park", p, &id, "--reason", "bad schema"]).0,
+        0
+    );
+    assert_eq!(run(&["outbox", "park", p, &id]).0, 1, "no longer pending");
+    let parked = json_lines(&run(&["outbox", "list", p, "--parked", "--json"]).1);
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0]["last_error"], "parked by an operator: bad schema");
+    assert_eq!(run(&["outbox", "retry", p, &id]).0, 0);
+    assert_eq!(run(&["outbox", "retry", p, &id]).0, 1, "no longer parked");
+    assert!(json_lines(&run(&["outbox", "list", p, "--parked", "--json"]).1).is_empty());
+
+    assert_eq!(run(&["outbox", "park", p, &id]).0, 0);
+    let (code, _, err) = run(&["outbox", "purge", p]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--yes"), "{err}");
+    assert_eq!(
+        json_lines(&run(&["outbox", "list", p, "--parked", "--json"]).1).len(),
+        1
+    );
+    let (code, out, _) = run(&["outbox", "purge", p, "--yes", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["purged"], 1);
+    let rest = json_lines(&run(&["outbox", "list", p, "--json"]).1);
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0]["payload"], "second");
+    assert_eq!(run(&["outbox", "retry", p, "not-an-id"]).0, 2);
+}

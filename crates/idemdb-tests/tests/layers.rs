@@ -27,6 +27,8 @@ const IDEMDB: &[(&str, &[&str])] = &[
             "log_problem",
             "measured",
             "observe",
+            "outbox_row",
+            "outbox_state",
             "record",
             "reentry",
             "shard",
@@ -38,7 +40,7 @@ const IDEMDB: &[(&str, &[&str])] = &[
     ("the write-ahead log", &["wal"]),
     (
         "caller tables and the closure's transaction",
-        &["tables", "tx_table", "tx", "guard"],
+        &["tables", "tx_table", "tx", "tx_outbox", "guard"],
     ),
     ("the record store", &["records"]),
     (
@@ -60,7 +62,10 @@ const CORE: &[(&str, &[&str])] = &[
     ("values", &["fencing", "state", "fingerprint", "counters"]),
     ("errors", &["error"]),
     ("names and limits", &["limits", "clock", "scope"]),
-    ("records and answers", &["token", "record", "outcome"]),
+    (
+        "records and answers",
+        &["token", "record", "outcome", "outbox"],
+    ),
     (
         "the semantics",
         &["decide", "retention", "renewal", "inbox", "saga"],
@@ -98,7 +103,7 @@ const HTTP: &[(&str, &[&str])] = &[
 const CLI: &[(&str, &[&str])] = &[
     ("errors and output", &["errors", "progress", "output"]),
     ("arguments and opening", &["cli", "open"]),
-    ("commands", &["commands", "records"]),
+    ("commands", &["commands", "records", "outbox"]),
 ];
 
 const TESTKIT: &[(&str, &[&str])] = &[

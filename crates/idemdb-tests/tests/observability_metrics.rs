@@ -4,7 +4,7 @@ mod common;
 
 use common::{LEASE, acquired, setup};
 use idemdb::{Key, ReserveOutcome, Scope};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 
 #[test]
 fn metrics_follow_the_stats() {
@@ -24,27 +24,14 @@ fn metrics_follow_the_stats() {
             ReserveOutcome::Mismatch
         );
     });
-    let values: Vec<(String, DebugValue)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| (key.key().name().to_string(), value))
-        .collect();
-    let counter = |name: &str| {
-        values.iter().find_map(|(n, v)| match v {
-            DebugValue::Counter(c) if n == name => Some(*c),
-            _ => None,
-        })
-    };
+    let metrics = common::Metrics::of(&snapshotter);
+    let counter = |name: &str| metrics.counter(name);
     let stats = db.stats();
     assert_eq!(counter("idemdb_acquired_total"), Some(stats.acquired));
     assert_eq!(counter("idemdb_finished_total"), Some(stats.finished));
     assert_eq!(counter("idemdb_replays_completed_total"), Some(3));
     assert_eq!(counter("idemdb_mismatches_total"), Some(1));
     assert_eq!(counter("idemdb_commits_total"), Some(stats.commits));
-    let batches = values.iter().find_map(|(n, v)| match v {
-        DebugValue::Histogram(h) if n == "idemdb_commit_batch_size" => Some(h.len() as u64),
-        _ => None,
-    });
-    assert_eq!(batches, Some(stats.commits));
+    let batches = metrics.histogram_len("idemdb_commit_batch_size");
+    assert_eq!(batches.map(|n| n as u64), Some(stats.commits));
 }

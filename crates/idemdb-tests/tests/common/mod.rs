@@ -208,6 +208,7 @@ fn built() -> PathBuf {
             build
                 .args(["build", "--workspace", "--all-features", "--bin", "idemdb"])
                 .args(["--example", "crash_worker", "--example", "edge_service"])
+                .args(["--example", "outbox_worker"])
                 .arg("--manifest-path")
                 .arg(workspace);
             if profile_dir.ends_with("release") {
@@ -336,4 +337,42 @@ pub fn each_write_failure<R>(
         check(after, disk.durable_disk());
     }
     failed
+}
+
+/// A debugging recorder's metrics by name (feature `metrics`).
+pub struct Metrics(Vec<(String, metrics_util::debugging::DebugValue)>);
+
+impl Metrics {
+    pub fn of(snapshotter: &metrics_util::debugging::Snapshotter) -> Metrics {
+        Metrics(
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .map(|(key, _, _, value)| (key.key().name().to_string(), value))
+                .collect(),
+        )
+    }
+
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.0.iter().find_map(|(n, v)| match v {
+            metrics_util::debugging::DebugValue::Counter(c) if n == name => Some(*c),
+            _ => None,
+        })
+    }
+
+    pub fn gauge(&self, name: &str) -> Option<f64> {
+        self.0.iter().find_map(|(n, v)| match v {
+            metrics_util::debugging::DebugValue::Gauge(g) if n == name => Some(g.into_inner()),
+            _ => None,
+        })
+    }
+
+    /// How many values the histogram `name` holds.
+    pub fn histogram_len(&self, name: &str) -> Option<usize> {
+        self.0.iter().find_map(|(n, v)| match v {
+            metrics_util::debugging::DebugValue::Histogram(h) if n == name => Some(h.len()),
+            _ => None,
+        })
+    }
 }

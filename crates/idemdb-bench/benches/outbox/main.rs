@@ -1,0 +1,250 @@
+//! The outbox's cost, same run: lifecycles/s of `execute` with one business insert, with and
+//! without one staged message, at 1, 16 and 64 caller threads, a dispatcher with an
+//! immediate publisher delivering beside the staging callers (its delivery commits share the
+//! writer with them); the commit-to-publish latency of those messages (durability point to
+//! the publisher's `Ok`); and the delivery rate of a 20,000-message backlog.
+//!
+//! `cargo bench -p idemdb-bench --bench outbox` (about a minute); the summary is written to
+//! target/bench-results/outbox_summary.md.
+
+#[path = "../shared/mod.rs"]
+mod shared;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode};
+use idemdb::redb::TableDefinition;
+use idemdb::{
+    DispatchOptions, Dispatcher, Error, ExecuteOutcome, IdemDb, Key, Message, OutboxMessage,
+    Outcome, Scope,
+};
+
+use shared::keys::{PAYLOAD, RESPONSE, fresh_id, key_bytes};
+use shared::report::{fmt_val, machine, table_row, target_dir, write_machine};
+
+const ORDERS: TableDefinition<&[u8], u64> = TableDefinition::new("orders");
+const CALLERS: [usize; 3] = [1, 16, 64];
+/// Executes per iteration, shared by the callers.
+const OPS: usize = 1_024;
+const BACKLOG: usize = 20_000;
+/// Alternated rounds of `OPS` executes per store for the ratio.
+const ROUNDS: usize = 9;
+
+fn open(dir: &std::path::Path) -> Arc<IdemDb> {
+    Arc::new(
+        IdemDb::builder()
+            .table(ORDERS)
+            .open(dir.join("db"))
+            .expect("open"),
+    )
+}
+
+/// One execute of a fresh key: the business insert, and one staged message if `stage`.
+fn execute(db: &IdemDb, stage: bool) {
+    let key = key_bytes(fresh_id());
+    let done = db
+        .execute(
+            &Scope::new("bench", "outbox"),
+            &Key::new(key),
+            PAYLOAD,
+            move |tx| {
+                tx.open_table(ORDERS)?.insert(&key[..], 1999)?;
+                if stage {
+                    tx.stage(Message::new("orders", key.to_vec()).ordering_key(key[..4].to_vec()))?;
+                }
+                Ok::<_, Error>(Outcome::Completed(RESPONSE.to_vec()))
+            },
+        )
+        .expect("execute");
+    assert!(matches!(done, ExecuteOutcome::Executed(_)), "{done:?}");
+}
+
+/// `callers` threads running `ops` executes between them; the wall time.
+fn run(db: &Arc<IdemDb>, callers: usize, ops: usize, stage: bool) -> Duration {
+    let barrier = Arc::new(Barrier::new(callers + 1));
+    let threads: Vec<_> = (0..callers)
+        .map(|_| {
+            let (db, barrier) = (Arc::clone(db), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..ops / callers {
+                    execute(&db, stage);
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for t in threads {
+        t.join().expect("caller");
+    }
+    start.elapsed()
+}
+
+/// Executes per second; `None` for a cell criterion's filter skipped.
+fn rate(n: usize, took: Duration) -> Option<f64> {
+    (n > 0).then(|| n as f64 / took.as_secs_f64())
+}
+
+fn immediate(
+    sent: Arc<AtomicU64>,
+) -> impl FnMut(&OutboxMessage) -> Result<(), idemdb::PublishError> + Send {
+    move |_| {
+        sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+struct Cell {
+    callers: usize,
+    /// Median staged ÷ plain of the alternated rounds.
+    ratio: f64,
+    plain: Option<f64>,
+    staged: Option<f64>,
+    p50_us: u64,
+    p99_us: u64,
+    mean_us: f64,
+}
+
+fn main() {
+    let test_mode = shared::is_test_mode();
+    let root = shared::temp_root("idemdb-outbox-bench");
+    let mut c: Criterion = shared::criterion(10, Duration::from_secs(3));
+    let mut cells = Vec::new();
+    for callers in CALLERS {
+        let plain_dir = tempfile::tempdir_in(root.path()).expect("dir");
+        let staged_dir = tempfile::tempdir_in(root.path()).expect("dir");
+        let plain = open(plain_dir.path());
+        let staged = open(staged_dir.path());
+        let sent = Arc::new(AtomicU64::new(0));
+        let dispatcher = Dispatcher::start(
+            Arc::clone(&staged),
+            immediate(Arc::clone(&sent)),
+            DispatchOptions::default(),
+        )
+        .expect("dispatcher");
+        let ops = if test_mode { callers.max(8) } else { OPS };
+        let mut g = c.benchmark_group(format!("outbox_execute_{callers}"));
+        g.sampling_mode(SamplingMode::Flat);
+        g.throughput(criterion::Throughput::Elements(ops as u64));
+        let (mut plain_t, mut plain_n) = (Duration::ZERO, 0usize);
+        let (mut staged_t, mut staged_n) = (Duration::ZERO, 0usize);
+        g.bench_function("plain", |b| {
+            b.iter_custom(|iters| {
+                let t: Duration = (0..iters).map(|_| run(&plain, callers, ops, false)).sum();
+                (plain_t, plain_n) = (plain_t + t, plain_n + iters as usize * ops);
+                t
+            })
+        });
+        g.bench_function("staged", |b| {
+            b.iter_custom(|iters| {
+                let t: Duration = (0..iters).map(|_| run(&staged, callers, ops, true)).sum();
+                (staged_t, staged_n) = (staged_t + t, staged_n + iters as usize * ops);
+                t
+            })
+        });
+        g.finish();
+        // The ratio from rounds alternated between the two stores (this machine drifts
+        // between criterion's two runs): the median of each round's staged ÷ plain.
+        let rounds = if test_mode { 1 } else { ROUNDS };
+        let mut ratios: Vec<f64> = (0..rounds)
+            .map(|_| {
+                let p = run(&plain, callers, ops, false);
+                let s = run(&staged, callers, ops, true);
+                p.as_secs_f64() / s.as_secs_f64()
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while staged.outbox_stats().expect("stats").backlog > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        dispatcher.stop().expect("dispatcher");
+        let latency = staged.outbox_stats().expect("stats").publish_latency_us;
+        cells.push(Cell {
+            callers,
+            ratio: ratios[ratios.len() / 2],
+            plain: rate(plain_n, plain_t),
+            staged: rate(staged_n, staged_t),
+            p50_us: latency.quantile_upper_bound(0.5),
+            p99_us: latency.quantile_upper_bound(0.99),
+            mean_us: latency.mean(),
+        });
+    }
+    // Delivery rate: a backlog staged with no dispatcher, then drained.
+    let dir = tempfile::tempdir_in(root.path()).expect("dir");
+    let db = open(dir.path());
+    let backlog = if test_mode { 256 } else { BACKLOG };
+    run(&db, 64, backlog, true);
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let dispatcher = Dispatcher::start(
+        Arc::clone(&db),
+        immediate(Arc::clone(&sent)),
+        DispatchOptions::default(),
+    )
+    .expect("dispatcher");
+    while db.outbox_stats().expect("stats").backlog > 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let drain = started.elapsed();
+    dispatcher.stop().expect("dispatcher");
+    let rate = backlog as f64 / drain.as_secs_f64();
+    report(&cells, rate, backlog);
+}
+
+/// A histogram's bucket bound; none recorded (a cell filtered out) is "–".
+fn bound(us: u64) -> String {
+    if us == u64::MAX {
+        "–".into()
+    } else {
+        us.to_string()
+    }
+}
+
+fn report(cells: &[Cell], rate: f64, backlog: usize) {
+    let mut md = String::new();
+    let _ = writeln!(md, "# outbox bench\n");
+    write_machine(&mut md, &machine());
+    table_row(
+        &mut md,
+        &[
+            "callers",
+            "execute/s, no message",
+            "execute/s, one staged",
+            "staged ÷ plain (median of 9 alternated rounds)",
+            "commit→publish p50 µs (≤)",
+            "p99 µs (≤)",
+            "mean µs",
+        ],
+    );
+    table_row(&mut md, &["--:", "--:", "--:", "--:", "--:", "--:", "--:"]);
+    for c in cells {
+        table_row(
+            &mut md,
+            &[
+                c.callers.to_string(),
+                fmt_val(c.plain, 0),
+                fmt_val(c.staged, 0),
+                format!("{:.2}×", c.ratio),
+                bound(c.p50_us),
+                bound(c.p99_us),
+                fmt_val(Some(c.mean_us), 0),
+            ],
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nDelivery of a {backlog}-message backlog to an immediate publisher: {} messages/s.",
+        fmt_val(Some(rate), 0)
+    );
+    let path = target_dir().join("bench-results").join("outbox_summary.md");
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(&path, &md);
+    println!("{md}");
+}

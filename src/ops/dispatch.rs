@@ -1,0 +1,457 @@
+//! The dispatcher: a thread that hands durable staged messages to the caller's publisher, in
+//! commit order per ordering key, and marks them delivered in a later commit. Woken by every
+//! durable commit that staged; a fallback timer covers the rest (design.md §15).
+
+use std::collections::{BTreeSet, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use super::outbox::open;
+use crate::db::IdemDb;
+use crate::engine_tables::{OUTBOX, OUTBOX_PARKED};
+use crate::error::Error;
+use crate::outbox_row::OutboxRow;
+use idemdb_core::outbox::{Publish, PublishError};
+
+/// How the [`Dispatcher`] delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DispatchOptions {
+    /// Most messages handed to the publisher between two delivery commits (default 64).
+    pub batch: usize,
+    /// Failed attempts after which a message is parked (default 10).
+    pub max_attempts: u32,
+    /// The wait after the first failed attempt; it doubles with each (default 200 ms), with
+    /// up to half of it added at random.
+    pub backoff: Duration,
+    /// The longest wait between attempts (default 60 s).
+    pub max_backoff: Duration,
+    /// How often an idle dispatcher looks anyway (default 1 s): commits wake it, so this only
+    /// bounds what a lost wake-up could delay.
+    pub idle_check: Duration,
+    /// The longest a published message waits for the commit that marks it delivered
+    /// (default 10 ms); [`batch`](Self::batch) published messages are marked at once. Marks
+    /// share a commit, so that delivering costs the writer one commit per interval, not one
+    /// per message; a crash re-sends what was published and not yet marked.
+    pub mark_interval: Duration,
+}
+
+impl Default for DispatchOptions {
+    fn default() -> Self {
+        DispatchOptions {
+            batch: 64,
+            max_attempts: 10,
+            backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(60),
+            idle_check: Duration::from_secs(1),
+            mark_interval: Duration::from_millis(10),
+        }
+    }
+}
+
+impl DispatchOptions {
+    /// Sets [`batch`](Self::batch) (at least 1).
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// Sets [`max_attempts`](Self::max_attempts) (at least 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Sets [`backoff`](Self::backoff) and [`max_backoff`](Self::max_backoff).
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = first;
+        self.max_backoff = max.max(first);
+        self
+    }
+
+    /// Sets [`idle_check`](Self::idle_check).
+    pub fn idle_check(mut self, every: Duration) -> Self {
+        self.idle_check = every;
+        self
+    }
+
+    /// Sets [`mark_interval`](Self::mark_interval).
+    pub fn mark_interval(mut self, interval: Duration) -> Self {
+        self.mark_interval = interval;
+        self
+    }
+}
+
+/// Delivers the outbox of one [`IdemDb`] through a publisher, on a thread of its own, until
+/// stopped or dropped. One per database at a time (per-key order needs one sender).
+///
+/// Each message goes to the publisher after the commit that staged it is durable; once the
+/// publisher returns `Ok`, a later commit marks it delivered. A crash between the two sends
+/// it again after reopen: delivery is at least once, with the message's stable
+/// [`MessageId`](crate::MessageId) for the receiver to drop the duplicate (semantics.md §13).
+/// A transient error is retried with exponential backoff and jitter up to
+/// [`DispatchOptions::max_attempts`]; then, or at once on a permanent error, the message is
+/// parked, holding back only later messages of its own ordering key.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use idemdb::{Dispatcher, DispatchOptions, IdemDb, Key, Message, Outcome, Scope};
+/// # let dir = tempfile::tempdir()?;
+/// let db = Arc::new(IdemDb::open(dir.path().join("db"))?);
+/// let sent = Arc::new(Mutex::new(Vec::new()));
+/// let log = Arc::clone(&sent);
+/// let dispatcher = Dispatcher::start(Arc::clone(&db), move |m: &idemdb::OutboxMessage| {
+///     log.lock().unwrap().push((m.id, m.payload.clone())); // e.g. POST it, with m.id
+///     Ok(())
+/// }, DispatchOptions::default())?;
+/// db.execute(&Scope::new("order", "u1"), &Key::new("k1"), b"req", |tx| {
+///     tx.stage(Message::new("order-created", b"k1".to_vec()))?;
+///     Ok::<_, idemdb::Error>(Outcome::Completed(b"201".to_vec()))
+/// })?;
+/// while db.outbox_stats()?.delivered == 0 {
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+/// }
+/// dispatcher.stop()?;
+/// assert_eq!(sent.lock().unwrap()[0].1, b"k1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Dispatcher {
+    db: Arc<IdemDb>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("running", &self.is_running())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    /// Starts delivering `db`'s outbox through `publisher`. Refused with
+    /// [`Error::DispatcherRunning`] while another dispatcher of the same database runs.
+    pub fn start(
+        db: Arc<IdemDb>,
+        publisher: impl Publish,
+        options: DispatchOptions,
+    ) -> Result<Dispatcher, Error> {
+        if !db.engine.outbox.claim_dispatcher() {
+            return Err(Error::DispatcherRunning);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let run = Delivery {
+            db: Arc::clone(&db),
+            stop: Arc::clone(&stop),
+            options,
+            publisher: Box::new(publisher),
+            rng: jitter_seed(),
+            unmarked: BTreeSet::new(),
+            unmarked_since: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("idemdb-outbox".into())
+            .spawn(move || run.run())
+            .map_err(|e| {
+                db.engine.outbox.release_dispatcher();
+                Error::ThreadSpawn {
+                    thread: "idemdb-outbox",
+                    source: Arc::new(e),
+                }
+            })?;
+        Ok(Dispatcher {
+            db,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether its thread still runs (it ends on a storage error, or after `stop`).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops after the message being published (if any) and its delivery commit; the error
+    /// that ended the thread early, if one did.
+    pub fn stop(mut self) -> Result<(), Error> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Result<(), Error> {
+        self.stop.store(true, Ordering::Release);
+        self.db.engine.outbox.poke();
+        match self.thread.take().map(JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(Error::Internal("the outbox dispatcher panicked".into())),
+        }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        let _ = self.halt();
+    }
+}
+
+/// The dispatcher thread's state.
+struct Delivery {
+    db: Arc<IdemDb>,
+    stop: Arc<AtomicBool>,
+    options: DispatchOptions,
+    publisher: Box<dyn Publish>,
+    rng: u64,
+    /// Published, their delivery commit not yet made: skipped by the reads, counted as sent
+    /// for their key's order.
+    unmarked: BTreeSet<u64>,
+    /// When the oldest of them was published.
+    unmarked_since: Option<Instant>,
+}
+
+/// What one round read: the messages due, in commit order, and when the next is due.
+struct Round {
+    due: Vec<OutboxRow>,
+    next_due_ms: Option<u64>,
+}
+
+/// The failures of one round, committed with the marks waiting.
+#[derive(Default)]
+struct Decided {
+    retry: Vec<OutboxRow>,
+    park: Vec<OutboxRow>,
+}
+
+impl Delivery {
+    fn run(mut self) -> Result<(), Error> {
+        let result = self.rounds();
+        self.db.engine.outbox.release_dispatcher();
+        result
+    }
+
+    fn rounds(&mut self) -> Result<(), Error> {
+        let db = Arc::clone(&self.db);
+        let state = &db.engine.outbox;
+        let mut seen = state.wakes();
+        while !self.stop.load(Ordering::Acquire) {
+            // Read the wake-up count first: a commit after it wakes the next wait.
+            seen = state.wakes().max(seen);
+            if self.marks_due() {
+                self.commit(Decided::default())?;
+            }
+            let now = self.db.engine.clock.now_ms();
+            let round = self.read(now)?;
+            if round.due.is_empty() {
+                let mut wait = round
+                    .next_due_ms
+                    .map_or(self.options.idle_check, |t| {
+                        Duration::from_millis(t.saturating_sub(now))
+                    })
+                    .min(self.options.idle_check);
+                if let Some(since) = self.unmarked_since {
+                    wait = wait.min(self.options.mark_interval.saturating_sub(since.elapsed()));
+                }
+                seen = state.wait(seen, wait);
+                continue;
+            }
+            let decided = self.publish(round.due, now);
+            if !decided.retry.is_empty() || !decided.park.is_empty() {
+                self.commit(decided)?;
+            }
+        }
+        // Stopping: what was published is marked before the thread ends.
+        if !self.unmarked.is_empty() {
+            self.commit(Decided::default())?;
+        }
+        Ok(())
+    }
+
+    /// Whether the published messages waiting for their mark should be marked now.
+    fn marks_due(&self) -> bool {
+        self.unmarked_since.is_some_and(|since| {
+            self.unmarked.len() >= self.options.batch
+                || since.elapsed() >= self.options.mark_interval
+        })
+    }
+
+    /// The messages due now, oldest commit first, skipping every ordering key held back by a
+    /// parked message or an earlier message waiting for its retry (per-key order, I25).
+    fn read(&self, now: u64) -> Result<Round, Error> {
+        // Numbers first, then the snapshot: every row numbered up to `durable` that the
+        // snapshot holds was staged by a durable commit (I24); rows above it wait for their
+        // batch's wake-up. No wait on the durability tracker: a closure's non-durable commit
+        // of the callers' next batch is always pending under load.
+        let durable = self.db.engine.outbox.durable_up_to();
+        let read = self.db.engine.db.begin_read()?;
+        let mut held: HashSet<Vec<u8>> = HashSet::new();
+        let mut parked_n = 0;
+        if let Some(parked) = open(&read, OUTBOX_PARKED)? {
+            parked_n = parked.len()?;
+            for entry in parked.iter()? {
+                let (seq, v) = entry?;
+                if let Some(k) = OutboxRow::decode(seq.value(), v.value())?
+                    .message
+                    .ordering_key
+                {
+                    held.insert(k);
+                }
+            }
+        }
+        let mut round = Round {
+            due: Vec::new(),
+            next_due_ms: None,
+        };
+        let Some(pending) = open(&read, OUTBOX)? else {
+            self.db.engine.outbox.gauge(0, parked_n, None);
+            return Ok(round);
+        };
+        let oldest = match pending.first()? {
+            Some((seq, v)) => Some(
+                OutboxRow::decode(seq.value(), v.value())?
+                    .message
+                    .staged_at_ms,
+            ),
+            None => None,
+        };
+        let age = oldest.map(|at| Duration::from_millis(now.saturating_sub(at)));
+        self.db.engine.outbox.gauge(pending.len()?, parked_n, age);
+        for entry in pending.iter()? {
+            let (seq, v) = entry?;
+            if seq.value() > durable {
+                break;
+            }
+            if self.unmarked.contains(&seq.value()) {
+                continue;
+            }
+            let row = OutboxRow::decode(seq.value(), v.value())?;
+            let key = row.message.ordering_key.as_ref();
+            if key.is_some_and(|k| held.contains(k)) {
+                continue;
+            }
+            if row.next_attempt_ms > now {
+                round.next_due_ms = Some(
+                    round
+                        .next_due_ms
+                        .map_or(row.next_attempt_ms, |t| t.min(row.next_attempt_ms)),
+                );
+                if let Some(k) = key {
+                    held.insert(k.clone());
+                }
+                continue;
+            }
+            round.due.push(row);
+            if round.due.len() >= self.options.batch {
+                break;
+            }
+        }
+        Ok(round)
+    }
+
+    /// Hands each due message to the publisher, in order; after a failure, later messages of
+    /// the same ordering key wait for the next round.
+    fn publish(&mut self, due: Vec<OutboxRow>, now: u64) -> Decided {
+        let mut decided = Decided::default();
+        let mut failed: HashSet<Vec<u8>> = HashSet::new();
+        for mut row in due {
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let key = row.message.ordering_key.clone();
+            if key.as_ref().is_some_and(|k| failed.contains(k)) {
+                continue;
+            }
+            let publisher = &mut self.publisher;
+            let sent = catch_unwind(AssertUnwindSafe(|| publisher.publish(&row.message)))
+                .unwrap_or_else(|p| Err(PublishError::Transient(panic_text(&*p))));
+            match sent {
+                Ok(()) => {
+                    self.db.engine.outbox.published(row.message.seq);
+                    self.unmarked.insert(row.message.seq);
+                    self.unmarked_since.get_or_insert_with(Instant::now);
+                    continue;
+                }
+                Err(PublishError::Transient(why)) => {
+                    row.message.attempts = row.message.attempts.saturating_add(1);
+                    row.message.last_error = Some(why);
+                    if row.message.attempts >= self.options.max_attempts {
+                        decided.park.push(row);
+                    } else {
+                        row.next_attempt_ms =
+                            now.saturating_add(self.backoff(row.message.attempts));
+                        decided.retry.push(row);
+                    }
+                }
+                Err(PublishError::Permanent(why)) => {
+                    row.message.attempts = row.message.attempts.saturating_add(1);
+                    row.message.last_error = Some(why);
+                    decided.park.push(row);
+                }
+            }
+            if let Some(k) = key {
+                failed.insert(k);
+            }
+        }
+        decided
+    }
+
+    /// One commit: the published messages removed (marked delivered), failed ones
+    /// rescheduled or parked.
+    fn commit(&mut self, decided: Decided) -> Result<(), Error> {
+        let delivered: Vec<u64> = std::mem::take(&mut self.unmarked).into_iter().collect();
+        self.unmarked_since = None;
+        let (n_delivered, n_retry) = (delivered.len(), decided.retry.len());
+        let highest = delivered.last().copied();
+        let parked = self.db.outbox_write(move |tx| {
+            tx.outbox_delivered(&delivered)?;
+            for row in &decided.retry {
+                tx.outbox_retry_later(row)?;
+            }
+            let mut parked = 0u64;
+            for row in &decided.park {
+                parked += u64::from(tx.outbox_park(row)?);
+            }
+            Ok(parked)
+        })?;
+        let state = &self.db.engine.outbox;
+        state.count(n_delivered as u64, n_retry as u64, parked);
+        if let Some(h) = highest {
+            state.forget_below(h);
+        }
+        Ok(())
+    }
+
+    /// The wait before attempt `attempts + 1`: `backoff · 2^(attempts-1)`, capped, plus up
+    /// to half of it at random (so that retries of many messages spread).
+    fn backoff(&mut self, attempts: u32) -> u64 {
+        let first = u64::try_from(self.options.backoff.as_millis()).unwrap_or(u64::MAX);
+        let cap = u64::try_from(self.options.max_backoff.as_millis()).unwrap_or(u64::MAX);
+        let shift = attempts.saturating_sub(1).min(62);
+        let base = first.saturating_mul(1u64 << shift).min(cap);
+        // xorshift64: jitter needs no cryptographic quality.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        base.saturating_add(self.rng % (base / 2 + 1))
+    }
+}
+
+fn jitter_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    u64::from(nanos) | 1
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text payload".into());
+    format!("the publisher panicked: {what}")
+}
