@@ -333,7 +333,7 @@ impl Delivery {
             if key.is_some_and(|k| held.contains(k)) {
                 continue;
             }
-            if row.next_attempt_ms > now {
+            if !self.is_due(&row, now) {
                 round.next_due_ms = Some(
                     round
                         .next_due_ms
@@ -350,6 +350,15 @@ impl Delivery {
             }
         }
         Ok(round)
+    }
+
+    /// Whether a row's next attempt is due at `now`. A retry scheduled further ahead than
+    /// any backoff reaches (`max_backoff` plus its jitter) was scheduled before the clock
+    /// stepped back: due now, not after the step.
+    fn is_due(&self, row: &OutboxRow, now: u64) -> bool {
+        let longest = u64::try_from(self.options.max_backoff.as_millis()).unwrap_or(u64::MAX);
+        let longest = longest.saturating_add(longest / 2 + 1);
+        row.next_attempt_ms <= now || row.next_attempt_ms > now.saturating_add(longest)
     }
 
     /// Hands each due message to the publisher, in order; after a failure, later messages of

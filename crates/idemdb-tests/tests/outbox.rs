@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::fresh;
 use idemdb::{
-    DispatchOptions, Dispatcher, Error, ExecuteError, IdemDb, InputError, Key, Limits, Message,
-    MessageId, OutboxMessage, Outcome, PublishError, Refusal, ReserveOutcome, Scope,
+    Clock, DispatchOptions, Dispatcher, Error, ExecuteError, IdemDb, InputError, Key, Limits,
+    Message, MessageId, OutboxMessage, Outcome, PublishError, Refusal, ReserveOutcome, Scope,
 };
 
 type Sent = Arc<Mutex<Vec<OutboxMessage>>>;
@@ -577,4 +577,47 @@ fn nothing_is_published_before_its_commit_is_durable() {
     );
     until("the delivery", || db.outbox_stats().unwrap().delivered == 1);
     dispatcher.stop().unwrap();
+}
+
+/// The clock steps back an hour after a transient failure: the retry, scheduled by the old
+/// time, runs after its backoff, not after the step. Then the clock jumps a day ahead: the
+/// oldest-age gauge follows it, and nothing is lost.
+#[test]
+fn a_retry_scheduled_before_the_clock_stepped_back_still_runs_after_its_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = idemdb::ManualClock::new(10_000_000_000);
+    let db = Arc::new(
+        IdemDb::builder()
+            .clock(clock.clone())
+            .open(dir.path().join("db"))
+            .unwrap(),
+    );
+    place(&db, "k1", None, &["retried"]);
+    let (sent, mut inner) = recording();
+    let mut failed_once = false;
+    let step_back = clock.clone();
+    let publisher = move |m: &OutboxMessage| {
+        if !failed_once {
+            failed_once = true;
+            // The failure's backoff is scheduled by this time; then the clock steps back.
+            let now = step_back.now_ms();
+            std::thread::spawn({
+                let c = step_back.clone();
+                move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    c.set(now - 3_600_000);
+                }
+            });
+            return Err(PublishError::Transient("503".into()));
+        }
+        inner(m)
+    };
+    let options = fast().backoff(Duration::from_millis(50), Duration::from_millis(100));
+    let dispatcher = Dispatcher::start(Arc::clone(&db), publisher, options).unwrap();
+    until("the retry", || sent.lock().unwrap().len() == 1);
+    place(&db, "k2", None, &["later"]);
+    clock.advance(Duration::from_secs(86_400));
+    until("the second", || sent.lock().unwrap().len() == 2);
+    dispatcher.stop().unwrap();
+    assert_eq!(db.outbox_stats().unwrap().backlog, 0);
 }
