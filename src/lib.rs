@@ -103,6 +103,7 @@ pub use idemdb_core::{BlockingStore, Store};
 /// from [`IdemDb::typed`].
 pub type Typed<'db, T, F = T, S = IdemDb> = idemdb_core::Typed<'db, T, F, S>;
 pub use compactor::CompactionReport;
+pub use idemdb_core::dispatch::{DispatchOptions, OutboxStats};
 pub use idemdb_core::inbox::Consumed;
 pub use idemdb_core::outbox::{Message, MessageId, OutboxMessage, Publish, PublishError};
 pub use idemdb_core::outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
@@ -110,7 +111,7 @@ pub use idemdb_core::retention::{BeyondHorizonPolicy, Retention};
 pub use idemdb_core::scope::{Key, RecordKey, Scope};
 pub use idemdb_core::token::{FencingToken, Reservation};
 pub use log_problem::LogProblem;
-pub use ops::{DispatchOptions, Dispatcher, OutboxStats};
+pub use ops::Dispatcher;
 pub use record::{Record, RecordState};
 pub use scan::{Problem, ScanFilter, ScanSummary, ScannedRecord, StoredIn, VerifyReport};
 pub use stats::{HISTOGRAM_BUCKETS, Histogram, LogLoss, MemoryUse, Stats};

@@ -16,76 +16,8 @@ use crate::db::IdemDb;
 use crate::engine_tables::{OUTBOX, OUTBOX_PARKED};
 use crate::error::Error;
 use crate::outbox_row::OutboxRow;
-use idemdb_core::outbox::{Publish, PublishError};
-
-/// How the [`Dispatcher`] delivers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DispatchOptions {
-    /// Most messages handed to the publisher between two delivery commits (default 64).
-    pub batch: usize,
-    /// Failed attempts after which a message is parked (default 10).
-    pub max_attempts: u32,
-    /// The wait after the first failed attempt; it doubles with each (default 200 ms), with
-    /// up to half of it added at random.
-    pub backoff: Duration,
-    /// The longest wait between attempts (default 60 s).
-    pub max_backoff: Duration,
-    /// How often an idle dispatcher looks anyway (default 1 s): commits wake it, so this only
-    /// bounds what a lost wake-up could delay.
-    pub idle_check: Duration,
-    /// The longest a published message waits for the commit that marks it delivered
-    /// (default 10 ms); [`batch`](Self::batch) published messages are marked at once. Marks
-    /// share a commit, so that delivering costs the writer one commit per interval, not one
-    /// per message; a crash re-sends what was published and not yet marked.
-    pub mark_interval: Duration,
-}
-
-impl Default for DispatchOptions {
-    fn default() -> Self {
-        DispatchOptions {
-            batch: 64,
-            max_attempts: 10,
-            backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(60),
-            idle_check: Duration::from_secs(1),
-            mark_interval: Duration::from_millis(10),
-        }
-    }
-}
-
-impl DispatchOptions {
-    /// Sets [`batch`](Self::batch) (at least 1).
-    pub fn batch(mut self, n: usize) -> Self {
-        self.batch = n.max(1);
-        self
-    }
-
-    /// Sets [`max_attempts`](Self::max_attempts) (at least 1).
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.max(1);
-        self
-    }
-
-    /// Sets [`backoff`](Self::backoff) and [`max_backoff`](Self::max_backoff).
-    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.backoff = first;
-        self.max_backoff = max.max(first);
-        self
-    }
-
-    /// Sets [`idle_check`](Self::idle_check).
-    pub fn idle_check(mut self, every: Duration) -> Self {
-        self.idle_check = every;
-        self
-    }
-
-    /// Sets [`mark_interval`](Self::mark_interval).
-    pub fn mark_interval(mut self, interval: Duration) -> Self {
-        self.mark_interval = interval;
-        self
-    }
-}
+use idemdb_core::dispatch::{AfterFailure, DispatchOptions, RetrySchedule, publisher_panicked};
+use idemdb_core::outbox::Publish;
 
 /// Delivers the outbox of one [`IdemDb`] through a publisher, on a thread of its own, until
 /// stopped or dropped. One per database at a time (per-key order needs one sender).
@@ -146,12 +78,13 @@ impl Dispatcher {
             return Err(Error::DispatcherRunning);
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let schedule = RetrySchedule::new(&options);
         let run = Delivery {
+            schedule,
             db: Arc::clone(&db),
             stop: Arc::clone(&stop),
             options,
             publisher: Box::new(publisher),
-            rng: jitter_seed(),
             unmarked: BTreeSet::new(),
             unmarked_since: None,
         };
@@ -206,7 +139,7 @@ struct Delivery {
     stop: Arc<AtomicBool>,
     options: DispatchOptions,
     publisher: Box<dyn Publish>,
-    rng: u64,
+    schedule: RetrySchedule,
     /// Published, their delivery commit not yet made: skipped by the reads, counted as sent
     /// for their key's order.
     unmarked: BTreeSet<u64>,
@@ -333,7 +266,7 @@ impl Delivery {
             if key.is_some_and(|k| held.contains(k)) {
                 continue;
             }
-            if !self.is_due(&row, now) {
+            if !self.schedule.is_due(row.next_attempt_ms, now) {
                 round.next_due_ms = Some(
                     round
                         .next_due_ms
@@ -352,22 +285,15 @@ impl Delivery {
         Ok(round)
     }
 
-    /// Whether a row's next attempt is due at `now`. A retry scheduled further ahead than
-    /// any backoff reaches (`max_backoff` plus its jitter) was scheduled before the clock
-    /// stepped back: due now, not after the step.
-    fn is_due(&self, row: &OutboxRow, now: u64) -> bool {
-        let longest = u64::try_from(self.options.max_backoff.as_millis()).unwrap_or(u64::MAX);
-        let longest = longest.saturating_add(longest / 2 + 1);
-        row.next_attempt_ms <= now || row.next_attempt_ms > now.saturating_add(longest)
-    }
-
     /// Hands each due message to the publisher, in order; after a failure, later messages of
     /// the same ordering key wait for the next round.
     fn publish(&mut self, due: Vec<OutboxRow>, now: u64) -> Decided {
         let mut decided = Decided::default();
         let mut failed: HashSet<Vec<u8>> = HashSet::new();
         for mut row in due {
-            if self.stop.load(Ordering::Acquire) {
+            // Marks due end the round (the rest is read again next round): a published
+            // message waits at most `mark_interval` plus one publish, or `batch` messages.
+            if self.stop.load(Ordering::Acquire) || self.marks_due() {
                 break;
             }
             let key = row.message.ordering_key.clone();
@@ -376,28 +302,25 @@ impl Delivery {
             }
             let publisher = &mut self.publisher;
             let sent = catch_unwind(AssertUnwindSafe(|| publisher.publish(&row.message)))
-                .unwrap_or_else(|p| Err(PublishError::Transient(panic_text(&*p))));
-            match sent {
+                .unwrap_or_else(|p| Err(publisher_panicked(&*p)));
+            let error = match sent {
                 Ok(()) => {
                     self.db.engine.outbox.published(row.message.seq);
                     self.unmarked.insert(row.message.seq);
                     self.unmarked_since.get_or_insert_with(Instant::now);
                     continue;
                 }
-                Err(PublishError::Transient(why)) => {
-                    row.message.attempts = row.message.attempts.saturating_add(1);
-                    row.message.last_error = Some(why);
-                    if row.message.attempts >= self.options.max_attempts {
-                        decided.park.push(row);
-                    } else {
-                        row.next_attempt_ms =
-                            now.saturating_add(self.backoff(row.message.attempts));
-                        decided.retry.push(row);
-                    }
+                Err(e) => e,
+            };
+            row.message.attempts = row.message.attempts.saturating_add(1);
+            match self.schedule.after(&error, row.message.attempts, now) {
+                AfterFailure::RetryAt(at) => {
+                    row.next_attempt_ms = at;
+                    row.message.last_error = Some(error.into_reason());
+                    decided.retry.push(row);
                 }
-                Err(PublishError::Permanent(why)) => {
-                    row.message.attempts = row.message.attempts.saturating_add(1);
-                    row.message.last_error = Some(why);
+                AfterFailure::Park => {
+                    row.message.last_error = Some(error.into_reason());
                     decided.park.push(row);
                 }
             }
@@ -433,34 +356,4 @@ impl Delivery {
         }
         Ok(())
     }
-
-    /// The wait before attempt `attempts + 1`: `backoff · 2^(attempts-1)`, capped, plus up
-    /// to half of it at random (so that retries of many messages spread).
-    fn backoff(&mut self, attempts: u32) -> u64 {
-        let first = u64::try_from(self.options.backoff.as_millis()).unwrap_or(u64::MAX);
-        let cap = u64::try_from(self.options.max_backoff.as_millis()).unwrap_or(u64::MAX);
-        let shift = attempts.saturating_sub(1).min(62);
-        let base = first.saturating_mul(1u64 << shift).min(cap);
-        // xorshift64: jitter needs no cryptographic quality.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        base.saturating_add(self.rng % (base / 2 + 1))
-    }
-}
-
-fn jitter_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    u64::from(nanos) | 1
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    let what = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-text payload".into());
-    format!("the publisher panicked: {what}")
 }

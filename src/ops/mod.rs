@@ -29,8 +29,7 @@ mod scan;
 mod store;
 mod typed;
 
-pub use dispatch::{DispatchOptions, Dispatcher};
-pub use outbox::OutboxStats;
+pub use dispatch::Dispatcher;
 
 use std::panic::resume_unwind;
 use std::sync::Arc;

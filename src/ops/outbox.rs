@@ -13,30 +13,8 @@ use crate::error::{Error, ExecuteError};
 use crate::outbox_row::OutboxRow;
 use crate::reentry::refuse_reentry;
 use crate::tx::Tx;
-use idemdb_core::counters::Histogram;
+use idemdb_core::dispatch::OutboxStats;
 use idemdb_core::outbox::{MessageId, OutboxMessage};
-
-/// The outbox's state and what the dispatcher did since open.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Messages staged by durable commits and not yet delivered (parked ones excluded).
-    pub backlog: u64,
-    /// Parked messages, waiting for an operator.
-    pub parked: u64,
-    /// How long the oldest undelivered (not parked) message has waited since its commit, by
-    /// the store's clock; `None` with an empty backlog.
-    pub oldest_undelivered_age: Option<Duration>,
-    /// Messages delivered (published and marked) since open.
-    pub delivered: u64,
-    /// Publish attempts that failed and were scheduled again, since open.
-    pub retried: u64,
-    /// Messages parked since open (a permanent failure or the attempt cap).
-    pub parked_since_open: u64,
-    /// From the durable commit that staged a message to its publisher's `Ok`, µs (messages
-    /// whose commit this process saw).
-    pub publish_latency_us: Histogram,
-}
 
 impl IdemDb {
     /// The outbox's backlog, parked messages, oldest undelivered age and delivery counters.
@@ -58,16 +36,16 @@ impl IdemDb {
             None => 0,
         };
         let state = &self.engine.outbox;
-        Ok(OutboxStats {
-            backlog,
-            parked,
-            oldest_undelivered_age: oldest
-                .map(|r| Duration::from_millis(now.saturating_sub(r.message.staged_at_ms))),
-            delivered: state.delivered.load(Ordering::Relaxed),
-            retried: state.retried.load(Ordering::Relaxed),
-            parked_since_open: state.parked.load(Ordering::Relaxed),
-            publish_latency_us: state.latency_us.lock().clone(),
-        })
+        let mut stats = OutboxStats::default();
+        stats.backlog = backlog;
+        stats.parked = parked;
+        stats.oldest_undelivered_age =
+            oldest.map(|r| Duration::from_millis(now.saturating_sub(r.message.staged_at_ms)));
+        stats.delivered = state.delivered.load(Ordering::Relaxed);
+        stats.retried = state.retried.load(Ordering::Relaxed);
+        stats.parked_since_open = state.parked.load(Ordering::Relaxed);
+        stats.publish_latency_us = state.latency_us.lock().clone();
+        Ok(stats)
     }
 
     /// Up to `limit` undelivered messages, oldest commit first (with their failed attempts

@@ -17,6 +17,7 @@
 pub mod clock;
 pub mod counters;
 pub mod decide;
+pub mod dispatch;
 pub mod error;
 pub mod fencing;
 pub mod fingerprint;
@@ -37,13 +38,14 @@ mod typed;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::{HISTOGRAM_BUCKETS, Histogram};
+pub use dispatch::{DispatchOptions, OutboxStats};
 pub use error::{ExecuteError, InputError, Refusal, StoreError};
 pub use fencing::FencingToken;
 pub use fingerprint::{Fingerprint, Payload};
 pub use heartbeat::Heartbeat;
 pub use inbox::Consumed;
 pub use limits::Limits;
-pub use outbox::{Message, MessageId, OutboxMessage, Publish, PublishError};
+pub use outbox::{AsyncPublish, Message, MessageId, OutboxMessage, Publish, PublishError};
 pub use outcome::{ExecuteOutcome, Outcome, ReserveOutcome};
 pub use record::Record;
 pub use retention::{BeyondHorizonPolicy, Retention};

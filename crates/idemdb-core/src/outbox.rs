@@ -4,6 +4,8 @@
 //! docs/semantics.md §13 gives the delivery guarantee.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 
 use crate::error::InputError;
 use crate::limits::Limits;
@@ -246,6 +248,15 @@ pub enum PublishError {
     Permanent(String),
 }
 
+impl PublishError {
+    /// The publisher's own words, as stored with the message (`last_error`).
+    pub fn into_reason(self) -> String {
+        match self {
+            PublishError::Transient(why) | PublishError::Permanent(why) => why,
+        }
+    }
+}
+
 impl fmt::Display for PublishError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -271,6 +282,28 @@ where
 {
     fn publish(&mut self, message: &OutboxMessage) -> Result<(), PublishError> {
         self(message)
+    }
+}
+
+/// The future an [`AsyncPublish`] returns.
+pub type PublishFuture = Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send + 'static>>;
+
+/// An async publisher (PostgreSQL's `PgDispatcher` runs it on the store's runtime): any
+/// `FnMut(OutboxMessage) -> impl Future<Output = Result<(), PublishError>>`. Return `Ok`
+/// only once the destination has the message, as for [`Publish`]. A future that panics counts
+/// as a transient failure.
+pub trait AsyncPublish: Send + 'static {
+    /// Sends one message.
+    fn publish(&mut self, message: OutboxMessage) -> PublishFuture;
+}
+
+impl<F, Fut> AsyncPublish for F
+where
+    F: FnMut(OutboxMessage) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), PublishError>> + Send + 'static,
+{
+    fn publish(&mut self, message: OutboxMessage) -> PublishFuture {
+        Box::pin(self(message))
     }
 }
 

@@ -235,6 +235,7 @@ impl PgStoreBuilder {
             wait_poll: self.wait_poll,
             counters,
             batcher: crate::batch::Batcher::new(max_batch),
+            outbox: crate::outbox_local::OutboxLocal::default(),
             this: this.clone(),
         });
         let mut tasks = vec![tokio::spawn(wait::listen(

@@ -31,6 +31,8 @@ use idemdb_core::RecordState;
 use idemdb_core::decide::{Decision, check_owner, decide};
 use idemdb_core::error::ExecuteError;
 use idemdb_core::fingerprint::{Fingerprint, Payload};
+use idemdb_core::limits::Limits;
+use idemdb_core::outbox::MessageId;
 use idemdb_core::outcome::{ExecuteOutcome, Outcome};
 use idemdb_core::retention::BeyondHorizonPolicy;
 use idemdb_core::scope::{Key, RecordKey, Scope};
@@ -46,10 +48,15 @@ use idemdb_core::token::Reservation;
 /// the store runs the transaction again even when the closure turned that error into its own.
 /// Statements made through other methods of the `Transaction` are not watched.
 pub struct PgTx<'a> {
-    txn: &'a tokio_postgres::Transaction<'a>,
+    pub(crate) txn: &'a tokio_postgres::Transaction<'a>,
     now_ms: u64,
     beyond_horizon: bool,
     conflict: AtomicBool,
+    /// The record whose commit this is (`None` in a `run`, which stages nothing).
+    pub(crate) record: Option<&'a RecordKey>,
+    pub(crate) limits: &'a Limits,
+    /// The ids of the messages staged so far, in order (outbox.rs).
+    pub(crate) staged: tokio::sync::Mutex<Vec<MessageId>>,
 }
 
 impl<'a> Deref for PgTx<'a> {
@@ -65,16 +72,26 @@ impl<'a> PgTx<'a> {
         txn: &'a tokio_postgres::Transaction<'a>,
         now_ms: u64,
         beyond_horizon: bool,
+        record: Option<&'a RecordKey>,
+        limits: &'a Limits,
     ) -> Self {
         PgTx {
             txn,
             now_ms,
             beyond_horizon,
             conflict: AtomicBool::new(false),
+            record,
+            limits,
+            staged: tokio::sync::Mutex::new(Vec::new()),
         }
     }
 
-    fn watch<T>(
+    /// The ids staged by the closure, taken once it ended.
+    pub(super) fn take_staged(&mut self) -> Vec<MessageId> {
+        std::mem::take(self.staged.get_mut())
+    }
+
+    pub(crate) fn watch<T>(
         &self,
         result: Result<T, tokio_postgres::Error>,
     ) -> Result<T, tokio_postgres::Error> {
@@ -329,6 +346,8 @@ pub(super) enum Done<E> {
         outcome: Outcome,
         takeover: bool,
         beyond: bool,
+        /// The outbox messages the closure staged, to wake the dispatcher for once committed.
+        staged: Vec<MessageId>,
     },
     /// The closure failed: what it wrote is to be rolled back.
     Closure(E),
@@ -440,10 +459,12 @@ impl Inner {
                 outcome,
                 takeover,
                 beyond,
+                staged,
             } => {
                 let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
                 self.counters.committed(began.elapsed());
+                self.outbox.committed(&staged);
                 self.counters.executed_as(takeover, beyond);
                 Ran::Answer(ExecuteOutcome::Executed(outcome))
             }
@@ -474,13 +495,14 @@ impl Inner {
             Decision::Acquire => None,
             Decision::TakeOver(prev) => Some(prev),
         };
-        let mut tx = PgTx::new(txn, now, beyond);
+        let mut tx = PgTx::new(txn, now, beyond, Some(k.key), &self.limits);
         // A conflict the closure swallowed left the transaction aborted: run again.
         let outcome = match body(&mut tx).await {
             _ if tx.conflicted() => return Err(conflict()),
             Ok(outcome) => outcome,
             Err(e) => return Ok(Done::Closure(e)),
         };
+        let staged = tx.take_staged();
         self.limits.check_response(outcome.response())?;
         let (state, response) = match &outcome {
             Outcome::Completed(b) => (RecordState::Completed, b),
@@ -530,6 +552,7 @@ impl Inner {
             outcome,
             takeover: previous.is_some(),
             beyond,
+            staged,
         })
     }
 
@@ -585,12 +608,14 @@ impl Inner {
                 };
                 let now: i64 = owned.try_get(0).map_err(Step::before_commit)?;
                 let now = stored_ms(now)?;
-                let mut tx = PgTx::new(&txn, now, reservation.is_beyond_horizon());
+                let beyond = reservation.is_beyond_horizon();
+                let mut tx = PgTx::new(&txn, now, beyond, Some(key), &self.limits);
                 match body(&mut tx).await {
                     _ if tx.conflicted() => return Err(conflict()),
                     Ok(()) => {}
                     Err(e) => return Ok(Ran::Closure(e)),
                 }
+                let staged = tx.take_staged();
                 // After the closure: on a transaction the closure left aborted this fails,
                 // where a bare COMMIT would roll back and report nothing.
                 let finished = txn
@@ -618,6 +643,7 @@ impl Inner {
                 let began = std::time::Instant::now();
                 txn.commit().await.map_err(Step::at_commit)?;
                 self.counters.committed(began.elapsed());
+                self.outbox.committed(&staged);
                 Ok(Ran::Answer(()))
             }
             .await;

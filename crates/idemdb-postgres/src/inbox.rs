@@ -242,6 +242,11 @@ impl Inner {
         let committed = match txn.commit().await.map_err(Step::at_commit) {
             Ok(()) if writes > 0 => {
                 self.counters.committed_batch(began.elapsed(), writes);
+                for d in &done {
+                    if let Ok(Done::Executed { staged, .. }) = d {
+                        self.outbox.committed(staged);
+                    }
+                }
                 Ok(())
             }
             Ok(()) => Ok(()),
@@ -269,6 +274,7 @@ impl Inner {
                     outcome,
                     takeover,
                     beyond,
+                    ..
                 },
                 Ok(()),
             ) => {
@@ -286,7 +292,7 @@ impl Inner {
     {
         let mut client = self.pool.get().await.map_err(pool)?;
         let txn = client.transaction().await.map_err(Step::before_commit)?;
-        let mut tx = PgTx::new(&txn, self.server_time(), false);
+        let mut tx = PgTx::new(&txn, self.server_time(), false, None, &self.limits);
         let value = match body(&mut tx).await {
             _ if tx.conflicted() => return Err(conflict()),
             Ok(value) => value,

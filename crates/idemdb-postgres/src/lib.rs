@@ -15,6 +15,9 @@
 //! - execute.rs: `execute`, `complete_with`, `fail_with`: the caller's writes in the
 //!   transaction that writes the record; inbox.rs: `consume`, `consume_batch` (a poll in one
 //!   transaction, a savepoint per message) and `run` (no record);
+//! - outbox.rs: `PgTx::stage`, the outbox's rows, stats and operator's tools; dispatch.rs:
+//!   `PgDispatcher` (claims, publishing, marks); outbox_local.rs: the instance's wake-up and
+//!   counters;
 //! - schema.rs, rows.rs: the tables, versioned, and records as rows;
 //! - sql.rs: the store's clock (the server's, read by each statement) and how a key is found;
 //!   server_time.rs: what this instance last learnt of it;
@@ -29,10 +32,13 @@ mod batch;
 mod batch_run;
 mod batch_sql;
 mod builder;
+mod dispatch;
 mod error;
 mod errors;
 mod execute;
 mod inbox;
+mod outbox;
+mod outbox_local;
 mod owner;
 mod partitions;
 mod reserve;
@@ -46,6 +52,7 @@ mod tls;
 mod wait;
 
 pub use builder::PgStoreBuilder;
+pub use dispatch::PgDispatcher;
 pub use error::PgError;
 pub use execute::{PgFuture, PgTx};
 pub use inbox::pg_handler;
@@ -57,8 +64,9 @@ pub use store::PgStore;
 pub use tokio_postgres;
 
 pub use idemdb_core::{
-    BeyondHorizonPolicy, Clock, Consumed, ExecuteError, ExecuteOutcome, FencingToken, Fingerprint,
-    Heartbeat, InputError, Key, Limits, ManualClock, Outcome, Payload, Record, RecordState,
-    Refusal, Reservation, ReserveOutcome, Retention, SagaStep, Scope, Store, StoreError,
-    SystemClock, Typed, TypedOutcome,
+    AsyncPublish, BeyondHorizonPolicy, Clock, Consumed, DispatchOptions, ExecuteError,
+    ExecuteOutcome, FencingToken, Fingerprint, Heartbeat, InputError, Key, Limits, ManualClock,
+    Message, MessageId, OutboxMessage, OutboxStats, Outcome, Payload, PublishError, Record,
+    RecordKey, RecordState, Refusal, Reservation, ReserveOutcome, Retention, SagaStep, Scope,
+    Store, StoreError, SystemClock, Typed, TypedOutcome,
 };

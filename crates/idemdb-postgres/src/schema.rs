@@ -11,7 +11,7 @@ use idemdb_core::fingerprint::{Fingerprinter, SECRET_LEN};
 use idemdb_core::scope::RecordKey;
 
 /// The newest schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 /// Lock stripes: a reservation of a key with no live record holds its stripe's row lock
 /// while it looks again and inserts, so that no two callers insert the same key (a
@@ -124,6 +124,34 @@ $fn$;
 "
 );
 
+/// Version 4: the outbox (docs/design.md §15). A message is a row of `idemdb_outbox`,
+/// numbered by `idemdb_outbox_seq`; its claims are numbered by `idemdb_outbox_claims`, so
+/// that no two claims share a token. Not partitioned: a delivered message is deleted by
+/// primary key in its mark's commit, and nothing else ever deletes an undelivered one.
+const V4: &str = "
+CREATE SEQUENCE IF NOT EXISTS idemdb_outbox_seq AS bigint MINVALUE 1 START WITH 1;
+CREATE SEQUENCE IF NOT EXISTS idemdb_outbox_claims AS bigint MINVALUE 1 START WITH 1;
+CREATE TABLE IF NOT EXISTS idemdb_outbox (
+    seq bigint PRIMARY KEY,
+    id bytea NOT NULL,
+    destination text NOT NULL,
+    ordering_key bytea,
+    header_names text[] NOT NULL,
+    header_values bytea[] NOT NULL,
+    payload bytea NOT NULL,
+    staged_at bigint NOT NULL,
+    attempts int NOT NULL DEFAULT 0,
+    next_attempt_at bigint NOT NULL DEFAULT 0,
+    last_error text,
+    parked boolean NOT NULL DEFAULT false,
+    claim_token bigint NOT NULL DEFAULT 0,
+    claim_expires_at bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS idemdb_outbox_ordering
+    ON idemdb_outbox (ordering_key, seq) WHERE ordering_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS idemdb_outbox_id ON idemdb_outbox (id);
+";
+
 /// Applies every migration newer than the database's version, in one transaction each;
 /// returns the version now in place. Refuses a database of a newer build.
 pub(crate) async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, PgError> {
@@ -180,6 +208,7 @@ async fn migrate_once(
     txn.batch_execute(V1).await?;
     txn.batch_execute(V2).await?;
     txn.batch_execute(V3).await?;
+    txn.batch_execute(V4).await?;
     txn.execute(
         "INSERT INTO idemdb_stripes SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING",
         &[&STRIPES],

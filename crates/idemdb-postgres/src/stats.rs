@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::error::PgError;
 use idemdb_core::counters::{COUNTERS, Counter, Histogram};
+use idemdb_core::dispatch::OutboxStats;
 use idemdb_core::error::ExecuteError;
 use idemdb_core::outcome::{ExecuteOutcome, ReserveOutcome};
 
@@ -73,6 +74,11 @@ pub struct PgStats {
     /// server's (a round trip's error). For the operator only: the store judges every lease
     /// and expiry by the server's clock, so a skewed instance stays correct.
     pub clock_skew_ms: i64,
+    /// What this instance's outbox dispatchers did since connect: `delivered`, `retried`,
+    /// `parked_since_open`, `fenced`, `round_errors` and the commit-to-publish latency.
+    /// The table's backlog, parked count and oldest undelivered age are 0 / `None` here: they
+    /// take a count of the table, [`PgStore::outbox_stats`](crate::PgStore::outbox_stats).
+    pub outbox: OutboxStats,
 }
 
 /// What an owner's call does when it succeeds.
@@ -321,6 +327,7 @@ impl Counters {
             batched_calls: self.batches[1].load(Ordering::Relaxed),
             commit_latency_us,
             clock_skew_ms: 0,
+            outbox: OutboxStats::default(),
         }
     }
 }

@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     pub(super) counters: stats::Counters,
     /// Concurrent reserves and finishes gathered into batches (batch.rs).
     pub(super) batcher: crate::batch::Batcher,
+    /// The outbox's wake-up, commit times and counters (outbox_local.rs).
+    pub(super) outbox: crate::outbox_local::OutboxLocal,
     /// Itself, for the drain tasks it starts.
     pub(super) this: Weak<Inner>,
 }
@@ -81,6 +83,7 @@ impl PgStore {
     pub fn stats(&self) -> PgStats {
         let mut stats = self.inner.counters.snapshot();
         stats.clock_skew_ms = self.inner.server.skew_ms();
+        stats.outbox = self.inner.outbox.counted();
         stats
     }
 

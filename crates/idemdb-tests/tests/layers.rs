@@ -68,7 +68,14 @@ const CORE: &[(&str, &[&str])] = &[
     ),
     (
         "the semantics",
-        &["decide", "retention", "renewal", "inbox", "saga"],
+        &[
+            "decide",
+            "retention",
+            "renewal",
+            "inbox",
+            "saga",
+            "dispatch",
+        ],
     ),
     ("the store trait", &["store"]),
     ("views over a store", &["typed", "heartbeat"]),
@@ -78,7 +85,15 @@ const POSTGRES: &[(&str, &[&str])] = &[
     ("errors and SQL text", &["error", "sql", "server_time"]),
     (
         "rows, retries, waits, the batch queue",
-        &["errors", "rows", "wait", "stats", "tls", "batch"],
+        &[
+            "errors",
+            "rows",
+            "wait",
+            "stats",
+            "tls",
+            "batch",
+            "outbox_local",
+        ],
     ),
     ("schema and partitions", &["schema", "partitions"]),
     ("the store", &["store"]),
@@ -86,7 +101,10 @@ const POSTGRES: &[(&str, &[&str])] = &[
         "who runs a batch, and one batch",
         &["batch_run", "batch_sql"],
     ),
-    ("the operations", &["reserve", "owner", "execute", "inbox"]),
+    (
+        "the operations",
+        &["reserve", "owner", "execute", "inbox", "outbox", "dispatch"],
+    ),
     ("connecting", &["builder"]),
 ];
 

@@ -64,6 +64,14 @@ impl Seen {
         seen
     }
 
+    /// The pool's gauges (a gauge keeps its last value across snapshots: other tests' outbox
+    /// gauges stay in the recorder).
+    fn pool_gauges(&self) -> BTreeMap<String, f64> {
+        let mut gauges = self.gauges.clone();
+        gauges.retain(|name, _| name.starts_with("idemdb_pool_"));
+        gauges
+    }
+
     fn samples(&self, name: &str) -> usize {
         self.histograms.get(name).map_or(0, Vec::len)
     }
@@ -213,7 +221,7 @@ fn the_pool_gauges_follow_the_pool() {
                 .await
                 .unwrap(),
         );
-        let gauges = Seen::of(snapshotter).gauges;
+        let gauges = Seen::of(snapshotter).pool_gauges();
         let want = |connections: f64, idle: f64| -> BTreeMap<String, f64> {
             [
                 ("idemdb_pool_connections", connections),
@@ -234,7 +242,7 @@ fn the_pool_gauges_follow_the_pool() {
             (stats.pool_connections, stats.pool_max, stats.pool_idle),
             (3, 3, 3)
         );
-        assert_eq!(Seen::of(snapshotter).gauges, want(3.0, 3.0));
+        assert_eq!(Seen::of(snapshotter).pool_gauges(), want(3.0, 3.0));
     });
 }
 
@@ -278,5 +286,65 @@ fn a_poll_is_one_commit_whose_batch_is_the_messages_it_executed() {
             "{seen:?}"
         );
         assert_eq!(db.stats().commits, commits_before + 1);
+    });
+}
+
+#[test]
+fn the_outbox_exports_its_counts_gauges_and_latency_under_the_embedded_engines_names() {
+    use idemdb_postgres::{DispatchOptions, Message, OutboxMessage, PgDispatcher, PublishError};
+    let (_one, snapshotter) = recorder();
+    runtime().block_on(async {
+        let under = postgres().await;
+        let db = &*under.db;
+        for (i, payload) in ["ok-1", "poison", "ok-2"].iter().enumerate() {
+            let m = Message::new("orders", payload.as_bytes().to_vec());
+            let _ = db
+                .execute(
+                    &Scope::new("o", "p"),
+                    &Key::new(format!("k{i}")),
+                    b"r",
+                    |tx: &mut PgTx<'_>| {
+                        let m = m.clone();
+                        Box::pin(async move {
+                            tx.stage(m).await?;
+                            Ok::<_, PgError>(Outcome::Completed(b"ok".to_vec()))
+                        })
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let publisher = |m: OutboxMessage| {
+            std::future::ready(match m.payload.as_slice() {
+                b"poison" => Err(PublishError::Permanent("refused".into())),
+                _ => Ok(()),
+            })
+        };
+        let options = DispatchOptions::default().idle_check(std::time::Duration::from_millis(5));
+        let dispatcher = PgDispatcher::start(db, publisher, options);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let s = db.stats().outbox;
+            if s.delivered == 2 && s.parked_since_open == 1 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{s:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        dispatcher.stop().await;
+        // The gauges are set by a count of the table.
+        let stats = db.outbox_stats().await.unwrap();
+        assert_eq!((stats.backlog, stats.parked), (0, 1));
+        let seen = Seen::of(snapshotter);
+        assert_eq!(seen.counters.get("idemdb_outbox_delivered_total"), Some(&2));
+        assert_eq!(seen.counters.get("idemdb_outbox_parked_total"), Some(&1));
+        assert_eq!(seen.gauges.get("idemdb_outbox_backlog"), Some(&0.0));
+        assert_eq!(seen.gauges.get("idemdb_outbox_parked"), Some(&1.0));
+        assert_eq!(
+            seen.gauges
+                .get("idemdb_outbox_oldest_undelivered_age_seconds"),
+            Some(&0.0)
+        );
+        assert_eq!(seen.samples("idemdb_outbox_publish_latency_seconds"), 2);
     });
 }

@@ -7,7 +7,7 @@ use common::stores::{fresh_database_url, runtime};
 use idemdb_postgres::{PgError, PgStore};
 
 /// The schema version this build writes.
-const SCHEMA: u32 = 3;
+const SCHEMA: u32 = 4;
 
 use common::stores::admin as client;
 
@@ -167,6 +167,56 @@ fn a_version_1_schema_is_upgraded_and_its_records_are_found() {
             .map(|r| r.get(0))
             .collect();
         assert_eq!(indexes, vec!["idemdb_records_hash".to_string()]);
+    });
+}
+
+#[test]
+fn a_version_3_schema_gains_the_outbox_and_keeps_its_records() {
+    runtime().block_on(async {
+        // A version 3 database, as its build left it: no outbox.
+        let (url, builder) = migrated_then(
+            "DROP TABLE idemdb_outbox; DROP SEQUENCE idemdb_outbox_seq, idemdb_outbox_claims; \
+             UPDATE idemdb_meta SET schema_version = 3",
+        )
+        .await;
+        let refused = PgStore::builder(&url).unwrap().connect().await;
+        assert!(
+            matches!(&refused, Err(PgError::NotMigrated(m)) if m.contains("older")),
+            "{:?}",
+            refused.err()
+        );
+        assert_eq!(builder.migrate().await.unwrap(), SCHEMA);
+        let store = builder.connect().await.unwrap();
+        use idemdb::Store;
+        // The outbox is there: a message staged and listed.
+        use idemdb_postgres::{Message, Outcome, PgTx};
+        let _ = store
+            .execute(
+                &idemdb::Scope::new("POST /v4", "u"),
+                &idemdb::Key::new("k"),
+                b"req",
+                |tx: &mut PgTx<'_>| {
+                    Box::pin(async move {
+                        tx.stage(Message::new("orders", b"m".to_vec())).await?;
+                        Ok::<_, PgError>(Outcome::Completed(b"201".to_vec()))
+                    })
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.outbox_pending(10).await.unwrap().len(), 1);
+        // An instance of the version 3 build, still running, inserts a record as it does.
+        client(&url)
+            .await
+            .batch_execute(OLDER_BUILD_INSERT)
+            .await
+            .unwrap();
+        let rec = store
+            .get(&idemdb::Scope::new("POST /v2", "u"), &idemdb::Key::new("k"))
+            .await
+            .unwrap()
+            .expect("the version 3 build's record");
+        assert_eq!(rec.state, idemdb::RecordState::InProgress);
     });
 }
 

@@ -208,7 +208,12 @@ fn built() -> PathBuf {
             build
                 .args(["build", "--workspace", "--all-features", "--bin", "idemdb"])
                 .args(["--example", "crash_worker", "--example", "edge_service"])
-                .args(["--example", "outbox_worker"])
+                .args([
+                    "--example",
+                    "outbox_worker",
+                    "--example",
+                    "pg_outbox_worker",
+                ])
                 .arg("--manifest-path")
                 .arg(workspace);
             if profile_dir.ends_with("release") {
@@ -232,6 +237,7 @@ pub fn power_loss_now(backend: &FaultBackend, db: IdemDb) -> FaultBackend {
     disk
 }
 pub mod chaos;
+pub mod outbox_kills;
 pub mod stores;
 pub mod worker;
 

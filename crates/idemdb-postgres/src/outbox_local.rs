@@ -1,0 +1,104 @@
+//! What this instance knows of the outbox beyond the database: its dispatchers' wake-up, when
+//! each message it staged was committed (for the latency histogram), and what its dispatchers
+//! did since connect.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use idemdb_core::counters::Histogram;
+use idemdb_core::dispatch::OutboxStats;
+use idemdb_core::outbox::MessageId;
+
+/// Commit times remembered at most: a message another instance publishes is never looked up,
+/// so the map is emptied when full rather than grown.
+const REMEMBERED: usize = 65_536;
+
+#[derive(Default)]
+pub(crate) struct OutboxLocal {
+    /// Woken by every commit of this instance that staged (a permit is kept while no
+    /// dispatcher waits, so no wake-up is lost).
+    pub(crate) wake: tokio::sync::Notify,
+    committed_at: Mutex<HashMap<MessageId, Instant>>,
+    pub(crate) delivered: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) parked: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    /// Dispatching rounds that failed on a database error (each retried after a pause).
+    pub(crate) round_errors: AtomicU64,
+    pub(crate) latency_us: Mutex<Histogram>,
+}
+
+impl OutboxLocal {
+    /// After the commit that staged `ids`: remembers when, and wakes a dispatcher.
+    pub(crate) fn committed(&self, ids: &[MessageId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let mut at = self.committed_at.lock();
+            if at.len().saturating_add(ids.len()) > REMEMBERED {
+                at.clear();
+            }
+            at.extend(ids.iter().map(|id| (*id, now)));
+        }
+        self.wake.notify_one();
+    }
+
+    /// A message's publisher answered `Ok`: its commit-to-publish latency, if this instance
+    /// committed it.
+    pub(crate) fn published(&self, id: &MessageId) {
+        let Some(at) = self.committed_at.lock().remove(id) else {
+            return;
+        };
+        let took = at.elapsed();
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idemdb_outbox_publish_latency_seconds").record(took.as_secs_f64());
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.latency_us.lock().record(us);
+    }
+
+    /// A round's marks: delivered, rescheduled, parked, and published but fenced.
+    pub(crate) fn count(&self, delivered: u64, retried: u64, parked: u64, fenced: u64) {
+        self.delivered.fetch_add(delivered, Ordering::Relaxed);
+        self.retried.fetch_add(retried, Ordering::Relaxed);
+        self.parked.fetch_add(parked, Ordering::Relaxed);
+        self.fenced.fetch_add(fenced, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!("idemdb_outbox_delivered_total").increment(delivered);
+            metrics::counter!("idemdb_outbox_retried_total").increment(retried);
+            metrics::counter!("idemdb_outbox_parked_total").increment(parked);
+            metrics::counter!("idemdb_outbox_fenced_total").increment(fenced);
+        }
+    }
+
+    /// What the dispatchers counted (the table's own counts left at 0).
+    pub(crate) fn counted(&self) -> OutboxStats {
+        let relaxed = Ordering::Relaxed;
+        let mut stats = OutboxStats::default();
+        stats.delivered = self.delivered.load(relaxed);
+        stats.retried = self.retried.load(relaxed);
+        stats.parked_since_open = self.parked.load(relaxed);
+        stats.fenced = self.fenced.load(relaxed);
+        stats.round_errors = self.round_errors.load(relaxed);
+        stats.publish_latency_us = self.latency_us.lock().clone();
+        stats
+    }
+
+    /// The gauges of the metrics facade, from a count of the table.
+    pub(crate) fn gauge(&self, backlog: u64, parked: u64, oldest_age: Option<Duration>) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("idemdb_outbox_backlog").set(backlog as f64);
+            metrics::gauge!("idemdb_outbox_parked").set(parked as f64);
+            metrics::gauge!("idemdb_outbox_oldest_undelivered_age_seconds")
+                .set(oldest_age.map_or(0.0, |a| a.as_secs_f64()));
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (backlog, parked, oldest_age);
+    }
+}
