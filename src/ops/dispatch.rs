@@ -313,7 +313,9 @@ impl Delivery {
                 Err(e) => e,
             };
             row.message.attempts = row.message.attempts.saturating_add(1);
-            match self.schedule.after(&error, row.message.attempts, now) {
+            // The backoff runs from the failure, not from the round's start.
+            let failed_at = self.db.engine.clock.now_ms().max(now);
+            match self.schedule.after(&error, row.message.attempts, failed_at) {
                 AfterFailure::RetryAt(at) => {
                     row.next_attempt_ms = at;
                     row.message.last_error = Some(error.into_reason());

@@ -241,12 +241,15 @@ impl Rounds {
 
     /// One claim, its publishing and its marks; how many messages were claimed.
     async fn round(&mut self) -> Result<usize, PgError> {
+        // Before the claim's statement reads the server's clock: the time since is never
+        // less than the time since its `now`.
+        let asked = Instant::now();
         let (claimed, token, now) = self.claim().await?;
         let n = claimed.len();
         if n == 0 {
             return Ok(0);
         }
-        let marks = self.publish(claimed, now).await;
+        let marks = self.publish(claimed, now, asked).await;
         // A mark lost with its connection is made again on another (each statement applies
         // only where the row still carries this claim's token, so twice is once); else the
         // claims would hold their keys until the lease ends.
@@ -296,11 +299,11 @@ impl Rounds {
 
     /// Hands each claimed message to the publisher, in order; after a failure, later
     /// messages of the same ordering key are released for a later round. Stops publishing
-    /// once the claim's lease may have lapsed by this instance's clock.
-    async fn publish(&mut self, claimed: Vec<OutboxMessage>, now: u64) -> Marks {
+    /// once the claim's lease may have lapsed by this instance's clock (`began`: just before
+    /// the claim read the server's clock at `now`).
+    async fn publish(&mut self, claimed: Vec<OutboxMessage>, now: u64, began: Instant) -> Marks {
         let mut marks = Marks::default();
         let mut failed: HashSet<Vec<u8>> = HashSet::new();
-        let began = Instant::now();
         for message in claimed {
             let seq = i64::try_from(message.seq).unwrap_or(i64::MAX);
             let held = message
@@ -312,11 +315,21 @@ impl Rounds {
                 continue;
             }
             let (id, key, attempts) = (message.id, message.ordering_key.clone(), message.attempts);
-            // On a task of its own, so that a panicking publisher is a failed attempt.
-            let sent = match tokio::spawn(self.publisher.publish(message)).await {
-                Ok(sent) => sent,
-                Err(e) if e.is_panic() => Err(publisher_panicked(&*e.into_panic())),
-                Err(_) => Err(PublishError::Transient("the publish was cancelled".into())),
+            // On a task of its own, so that a panicking publisher is a failed attempt; bounded
+            // by what is left of the claim's lease, after which another instance may send it.
+            let left = self.options.claim_lease.saturating_sub(began.elapsed());
+            let task = tokio::spawn(self.publisher.publish(message));
+            let abort = task.abort_handle();
+            let sent = match tokio::time::timeout(left, task).await {
+                Ok(Ok(sent)) => sent,
+                Ok(Err(e)) if e.is_panic() => Err(publisher_panicked(&*e.into_panic())),
+                Ok(Err(_)) => Err(PublishError::Transient("the publish was cancelled".into())),
+                Err(_) => {
+                    abort.abort();
+                    Err(PublishError::Transient(
+                        "the publish outlasted the claim's lease".into(),
+                    ))
+                }
             };
             let error = match sent {
                 Ok(()) => {
@@ -327,9 +340,11 @@ impl Rounds {
                 Err(e) => e,
             };
             let attempts = attempts.saturating_add(1);
-            let (next_at, park) = match self.schedule.after(&error, attempts, now) {
+            // The backoff runs from the failure: the claim's time plus what passed since.
+            let failed_at = now.saturating_add(millis(began.elapsed()));
+            let (next_at, park) = match self.schedule.after(&error, attempts, failed_at) {
                 AfterFailure::RetryAt(at) => {
-                    let wait = Duration::from_millis(at.saturating_sub(now));
+                    let wait = Duration::from_millis(at.saturating_sub(failed_at));
                     let due = Instant::now() + wait;
                     self.next_retry = Some(self.next_retry.map_or(due, |d| d.min(due)));
                     (at, false)

@@ -621,3 +621,54 @@ fn a_retry_scheduled_before_the_clock_stepped_back_still_runs_after_its_backoff(
     dispatcher.stop().unwrap();
     assert_eq!(db.outbox_stats().unwrap().backlog, 0);
 }
+
+#[test]
+fn a_disk_that_fails_under_the_delivery_commit_stops_the_dispatcher_and_loses_nothing() {
+    use idemdb_testkit::{Fault, FaultBackend};
+    let backend = FaultBackend::new();
+    let db = Arc::new(common::on_backend(&backend));
+    let ids: Vec<MessageId> = ["m0", "m1", "m2"]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| place(&db, &format!("d{i}"), Some("k"), &[p]))
+        .collect();
+    // The disk fills (every write fails) while the first message is being published: the
+    // commit that would mark it delivered cannot be made.
+    let sent: Arc<Mutex<Vec<MessageId>>> = Arc::default();
+    let (log, disk) = (Arc::clone(&sent), backend.clone());
+    let publisher = move |m: &OutboxMessage| {
+        disk.inject(Fault::Write { after: 0 });
+        log.lock().unwrap().push(m.id);
+        Ok(())
+    };
+    let dispatcher = Dispatcher::start(Arc::clone(&db), publisher, fast()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dispatcher.is_running() {
+        assert!(
+            Instant::now() < deadline,
+            "the dispatcher went on past a failed commit"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let stopped = dispatcher.stop();
+    assert!(
+        stopped.is_err(),
+        "the dispatcher's error was not returned: {stopped:?}"
+    );
+    let before = sent.lock().unwrap().clone();
+    assert!(!before.is_empty());
+    drop(db);
+
+    // Reopened on a working disk: nothing was marked, every message is sent (again).
+    backend.clear_faults();
+    let db = Arc::new(common::on_backend(&backend.live_disk()));
+    assert_eq!(db.outbox_stats().unwrap().backlog, 3);
+    let (again, publisher) = recording();
+    let dispatcher = Dispatcher::start(Arc::clone(&db), publisher, fast()).unwrap();
+    until("the reopened outbox drained", || {
+        db.outbox_stats().unwrap().backlog == 0
+    });
+    dispatcher.stop().unwrap();
+    let again: Vec<MessageId> = again.lock().unwrap().iter().map(|m| m.id).collect();
+    assert_eq!(again, ids, "all three, in order, after the reopen");
+}

@@ -798,3 +798,38 @@ fn a_retry_scheduled_before_the_servers_clock_stepped_back_an_hour_runs_at_once(
         assert_eq!(sent.lock().unwrap().len(), 1);
     });
 }
+
+#[test]
+fn a_publish_that_hangs_past_the_claims_lease_is_abandoned_and_tried_again() {
+    runtime().block_on(async {
+        let url = fresh_database_url();
+        let db = store(&url).await;
+        let sent: Sent = Arc::default();
+        let log = Arc::clone(&sent);
+        let mut first = true;
+        let publisher = move |m: OutboxMessage| {
+            let hang = std::mem::replace(&mut first, false);
+            let log = Arc::clone(&log);
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                log.lock().unwrap().push((0, m));
+                Ok(())
+            }
+        };
+        let options = fast().claim_lease(Duration::from_millis(300));
+        let began = Instant::now();
+        let dispatcher = PgDispatcher::start(&db, publisher, options);
+        place(&db, "h1", vec![message("m", Some("k"))]).await;
+        until("delivered", async || {
+            db.outbox_stats().await.unwrap().delivered == 1
+        })
+        .await;
+        assert!(began.elapsed() >= Duration::from_millis(300));
+        dispatcher.stop().await;
+        let s = db.outbox_stats().await.unwrap();
+        assert_eq!((s.retried, s.backlog), (1, 0));
+        assert_eq!(sent.lock().unwrap().len(), 1);
+    });
+}
