@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
 
 use super::errors::{database, pool};
 use super::outbox::{CLAIM_LOCK, message};
@@ -57,6 +58,10 @@ fn claim_sql() -> String {
          idemdb_outbox.last_error"
     )
 }
+
+/// The claim lock, exclusively (a claim) or shared (a mark).
+const LOCK: &str = "SELECT pg_advisory_xact_lock($1, 0)";
+const LOCK_SHARED: &str = "SELECT pg_advisory_xact_lock_shared($1, 0)";
 
 /// Delivered: deleted, where the row is still this claim's (`$2`) and not parked meanwhile.
 const DELIVERED: &str = "DELETE FROM idemdb_outbox WHERE seq = ANY($1) AND claim_token = $2 \
@@ -142,6 +147,7 @@ impl PgDispatcher {
             options,
             publisher: Box::new(publisher),
             next_retry: None,
+            conn: None,
         };
         let task = inner.runtime.spawn(async move { run.run().await });
         PgDispatcher {
@@ -190,6 +196,8 @@ struct Rounds {
     claim_sql: String,
     /// When the earliest retry this dispatcher scheduled is due.
     next_retry: Option<Instant>,
+    /// The connection of its busy rounds (`None` while idle).
+    conn: Option<deadpool_postgres::Object>,
 }
 
 /// What one round's publishing decided, to be marked.
@@ -209,8 +217,13 @@ impl Rounds {
         while !self.stopping() {
             let pause = match self.round().await {
                 Ok(claimed) if claimed >= self.options.batch => continue,
-                Ok(_) => self.idle_wait(),
+                Ok(_) => {
+                    // Idle: the connection goes back to the pool.
+                    self.conn = None;
+                    self.idle_wait()
+                }
                 Err(_e) => {
+                    self.conn = None;
                     self.inner
                         .outbox
                         .round_errors
@@ -260,6 +273,7 @@ impl Rounds {
                 Err(e) if attempt >= MARK_ATTEMPTS => return Err(e),
                 Err(_) => {
                     attempt += 1;
+                    self.conn = None;
                     self.inner
                         .outbox
                         .round_errors
@@ -270,20 +284,40 @@ impl Rounds {
         }
     }
 
+    /// The connection this dispatcher's busy rounds share (taken from the pool, given back
+    /// when idle or after an error), with its statements prepared.
+    async fn connection(&mut self) -> Result<&deadpool_postgres::Object, PgError> {
+        if self.conn.is_none() {
+            self.conn = Some(self.inner.pool.get().await.map_err(pool)?);
+        }
+        self.conn
+            .as_ref()
+            .ok_or_else(|| PgError::Internal("no dispatcher connection".into()))
+    }
+
+    /// One claim: `BEGIN`, the claim lock, the claiming statement and `COMMIT`, sent in one
+    /// round trip (pipelined; the statements are prepared, so each is sent at its first poll,
+    /// in order). A failed statement leaves the transaction aborted, and its `COMMIT` rolls
+    /// it back.
     async fn claim(&mut self) -> Result<(Vec<OutboxMessage>, i64, u64), PgError> {
-        let mut client = self.inner.pool.get().await.map_err(pool)?;
-        let txn = client.transaction().await.map_err(database)?;
-        txn.execute("SELECT pg_advisory_xact_lock($1, 0)", &[&CLAIM_LOCK])
-            .await
-            .map_err(database)?;
         let batch = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
         let lease = span(millis(self.options.claim_lease));
         let longest = span(self.schedule.longest());
-        let rows = txn
-            .query(self.claim_sql.as_str(), &[&batch, &lease, &longest])
-            .await
-            .map_err(database)?;
-        txn.commit().await.map_err(database)?;
+        let claim_sql = self.claim_sql.clone();
+        let client = self.connection().await?;
+        let lock = client.prepare_cached(LOCK).await.map_err(database)?;
+        let claim = client.prepare_cached(&claim_sql).await.map_err(database)?;
+        let params: [&(dyn ToSql + Sync); 3] = [&batch, &lease, &longest];
+        let (begin, locked, rows, commit) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &[&CLAIM_LOCK]),
+            client.query(&claim, &params),
+            client.batch_execute("COMMIT"),
+        );
+        begin.map_err(database)?;
+        locked.map_err(database)?;
+        let rows = rows.map_err(database)?;
+        commit.map_err(database)?;
         let mut token = 0;
         let mut now = 0;
         let mut claimed = Vec::with_capacity(rows.len());
@@ -365,15 +399,6 @@ impl Rounds {
 
     /// The round's marks in one commit, each where the row is still this claim's.
     async fn mark(&mut self, marks: &Marks, token: i64) -> Result<(), PgError> {
-        let mut client = self.inner.pool.get().await.map_err(pool)?;
-        let txn = client.transaction().await.map_err(database)?;
-        txn.execute("SELECT pg_advisory_xact_lock_shared($1, 0)", &[&CLAIM_LOCK])
-            .await
-            .map_err(database)?;
-        let delivered = txn
-            .execute(DELIVERED, &[&marks.delivered, &token])
-            .await
-            .map_err(database)?;
         let (mut seqs, mut attempts, mut reasons, mut next_at, mut park) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (s, a, r, n, p) in &marks.failed {
@@ -383,22 +408,30 @@ impl Rounds {
             next_at.push(*n);
             park.push(*p);
         }
-        let failed = if seqs.is_empty() {
-            Vec::new()
-        } else {
-            txn.query(
-                FAILED,
-                &[&seqs, &attempts, &reasons, &next_at, &park, &token],
-            )
-            .await
-            .map_err(database)?
-        };
-        if !marks.released.is_empty() {
-            txn.execute(RELEASED, &[&marks.released, &token])
-                .await
-                .map_err(database)?;
-        }
-        txn.commit().await.map_err(database)?;
+        let client = self.connection().await?;
+        let lock = client.prepare_cached(LOCK_SHARED).await.map_err(database)?;
+        let delivered = client.prepare_cached(DELIVERED).await.map_err(database)?;
+        let failed = client.prepare_cached(FAILED).await.map_err(database)?;
+        let released = client.prepare_cached(RELEASED).await.map_err(database)?;
+        let delivered_params: [&(dyn ToSql + Sync); 2] = [&marks.delivered, &token];
+        let failed_params: [&(dyn ToSql + Sync); 6] =
+            [&seqs, &attempts, &reasons, &next_at, &park, &token];
+        let released_params: [&(dyn ToSql + Sync); 2] = [&marks.released, &token];
+        // One round trip, as the claim's.
+        let (begin, locked, n_delivered, failed, released, commit) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &[&CLAIM_LOCK]),
+            client.execute(&delivered, &delivered_params),
+            client.query(&failed, &failed_params),
+            client.execute(&released, &released_params),
+            client.batch_execute("COMMIT"),
+        );
+        begin.map_err(database)?;
+        locked.map_err(database)?;
+        let delivered = n_delivered.map_err(database)?;
+        let failed = failed.map_err(database)?;
+        released.map_err(database)?;
+        commit.map_err(database)?;
         let parked = failed.iter().filter(|r| r.get::<_, bool>(0)).count() as u64;
         let retried = failed.len() as u64 - parked;
         let fenced = (marks.delivered.len() as u64).saturating_sub(delivered);

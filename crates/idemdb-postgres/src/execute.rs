@@ -49,6 +49,8 @@ use idemdb_core::token::Reservation;
 /// Statements made through other methods of the `Transaction` are not watched.
 pub struct PgTx<'a> {
     pub(crate) txn: &'a tokio_postgres::Transaction<'a>,
+    /// The same transaction, for the pool's per-connection statement cache.
+    pub(crate) cached: &'a deadpool_postgres::Transaction<'a>,
     now_ms: u64,
     beyond_horizon: bool,
     conflict: AtomicBool,
@@ -69,7 +71,7 @@ impl<'a> Deref for PgTx<'a> {
 
 impl<'a> PgTx<'a> {
     pub(super) fn new(
-        txn: &'a tokio_postgres::Transaction<'a>,
+        txn: &'a deadpool_postgres::Transaction<'a>,
         now_ms: u64,
         beyond_horizon: bool,
         record: Option<&'a RecordKey>,
@@ -77,6 +79,7 @@ impl<'a> PgTx<'a> {
     ) -> Self {
         PgTx {
             txn,
+            cached: txn,
             now_ms,
             beyond_horizon,
             conflict: AtomicBool::new(false),

@@ -80,7 +80,11 @@ impl PgTx<'_> {
             &KEY_LOCKS,
             &key_lock,
         ];
-        self.watch(self.txn.execute(STAGE, &params).await)
+        // Prepared once per connection (the pool's cache): one round trip per message.
+        let stage = self
+            .watch(self.cached.prepare_cached(STAGE).await)
+            .map_err(database)?;
+        self.watch(self.txn.execute(&stage, &params).await)
             .map_err(database)?;
         staged.push(id);
         Ok(id)

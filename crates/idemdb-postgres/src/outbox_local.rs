@@ -16,12 +16,19 @@ use idemdb_core::outbox::MessageId;
 /// so the map is emptied when full rather than grown.
 const REMEMBERED: usize = 65_536;
 
+/// What this instance saw first of a message it staged: its commit's return, or (when the
+/// dispatcher was quicker than the caller) its publication.
+enum Seen {
+    Committed(Instant),
+    Published,
+}
+
 #[derive(Default)]
 pub(crate) struct OutboxLocal {
     /// Woken by every commit of this instance that staged (a permit is kept while no
     /// dispatcher waits, so no wake-up is lost).
     pub(crate) wake: tokio::sync::Notify,
-    committed_at: Mutex<HashMap<MessageId, Instant>>,
+    committed_at: Mutex<HashMap<MessageId, Seen>>,
     pub(crate) delivered: AtomicU64,
     pub(crate) retried: AtomicU64,
     pub(crate) parked: AtomicU64,
@@ -32,29 +39,55 @@ pub(crate) struct OutboxLocal {
 }
 
 impl OutboxLocal {
-    /// After the commit that staged `ids`: remembers when, and wakes a dispatcher.
+    /// After the commit that staged `ids`: remembers when, and wakes a dispatcher. A message
+    /// already published (its dispatcher was quicker than this caller) is timed at 0.
     pub(crate) fn committed(&self, ids: &[MessageId]) {
         if ids.is_empty() {
             return;
         }
         let now = Instant::now();
+        let mut early = 0;
         {
             let mut at = self.committed_at.lock();
             if at.len().saturating_add(ids.len()) > REMEMBERED {
                 at.clear();
             }
-            at.extend(ids.iter().map(|id| (*id, now)));
+            for id in ids {
+                if let Some(Seen::Published) = at.remove(id) {
+                    early += 1;
+                } else {
+                    at.insert(*id, Seen::Committed(now));
+                }
+            }
+        }
+        for _ in 0..early {
+            self.record(Duration::ZERO);
         }
         self.wake.notify_one();
     }
 
     /// A message's publisher answered `Ok`: its commit-to-publish latency, if this instance
-    /// committed it.
+    /// committed it (a message published before its caller saw the commit return is timed
+    /// then).
     pub(crate) fn published(&self, id: &MessageId) {
-        let Some(at) = self.committed_at.lock().remove(id) else {
-            return;
+        let seen = {
+            let mut at = self.committed_at.lock();
+            match at.remove(id) {
+                Some(Seen::Committed(when)) => Some(when),
+                _ => {
+                    if at.len() < REMEMBERED {
+                        at.insert(*id, Seen::Published);
+                    }
+                    None
+                }
+            }
         };
-        let took = at.elapsed();
+        if let Some(when) = seen {
+            self.record(when.elapsed());
+        }
+    }
+
+    fn record(&self, took: Duration) {
         #[cfg(feature = "metrics")]
         metrics::histogram!("idemdb_outbox_publish_latency_seconds").record(took.as_secs_f64());
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);

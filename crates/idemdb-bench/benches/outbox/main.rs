@@ -2,7 +2,9 @@
 //! without one staged message, at 1, 16 and 64 caller threads, a dispatcher with an
 //! immediate publisher delivering beside the staging callers (its delivery commits share the
 //! writer with them); the commit-to-publish latency of those messages (durability point to
-//! the publisher's `Ok`); and the delivery rate of a 20,000-message backlog.
+//! the publisher's `Ok`); the delivery rate of a 20,000-message backlog
+//! (`IDEMDB_OUTBOX_BACKLOG`); and that of 5,000 fresh messages beside 10,000 parked messages,
+//! or beside 10,000 held behind one parked message (`IDEMDB_OUTBOX_PARKED`), against none.
 //!
 //! `cargo bench -p idemdb-bench --bench outbox` (about a minute); the summary is written to
 //! target/bench-results/outbox_summary.md.
@@ -213,7 +215,102 @@ fn main() {
         reopen,
         delivered_per_s: backlog as f64 / drain.as_secs_f64(),
     };
-    report(&cells, &at_size);
+    let parked = if test_mode {
+        64
+    } else {
+        std::env::var("IDEMDB_OUTBOX_PARKED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PARKED)
+    };
+    let fresh = if test_mode { 64 } else { FRESH };
+    let beside = [(0, 0), (parked, 0), (0, parked)].map(|(p, h)| {
+        let dir = tempfile::tempdir_in(root.path()).expect("dir");
+        Beside {
+            parked: p,
+            held: h,
+            fresh,
+            delivered_per_s: beside_parked(&open(dir.path()), p, h, fresh),
+        }
+    });
+    report(&cells, &at_size, &beside);
+}
+
+/// Parked messages (distinct keys) and held ones (behind one parked key) beside which a fresh
+/// backlog is drained.
+const PARKED: usize = 10_000;
+const FRESH: usize = 5_000;
+
+/// One `execute` staging `payload` under ordering key `okey`.
+fn stage_one(db: &IdemDb, okey: &[u8], payload: &'static [u8]) {
+    let key = key_bytes(fresh_id());
+    let okey = okey.to_vec();
+    let _ = db
+        .execute(
+            &Scope::new("bench", "parked"),
+            &Key::new(key),
+            PAYLOAD,
+            move |tx| {
+                tx.stage(Message::new("orders", payload.to_vec()).ordering_key(okey))?;
+                Ok::<_, Error>(Outcome::Completed(RESPONSE.to_vec()))
+            },
+        )
+        .expect("execute");
+}
+
+/// `parked` messages parked (each its own key), `held` pending behind a parked message of
+/// their key; then the delivery rate of `fresh` messages of other keys staged meanwhile.
+fn beside_parked(db: &Arc<IdemDb>, parked: usize, held: usize, fresh: usize) -> f64 {
+    for i in 0..parked {
+        stage_one(db, format!("parked-{i}").as_bytes(), b"poison");
+    }
+    if held > 0 {
+        stage_one(db, b"held", b"poison");
+        for _ in 0..held {
+            stage_one(db, b"held", b"ok");
+        }
+    }
+    let sent = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&sent);
+    let publisher = move |m: &OutboxMessage| {
+        if m.payload == b"poison" {
+            return Err(idemdb::PublishError::Permanent("poison".into()));
+        }
+        count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    };
+    let dispatcher =
+        Dispatcher::start(Arc::clone(db), publisher, DispatchOptions::default()).expect("start");
+    let poisoned = (parked + usize::from(held > 0)) as u64;
+    while db.outbox_stats().expect("stats").parked < poisoned {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    dispatcher.stop().expect("stop");
+    for i in 0..fresh {
+        stage_one(db, format!("fresh-{}", i % 64).as_bytes(), b"ok");
+    }
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let dispatcher = Dispatcher::start(
+        Arc::clone(db),
+        immediate(Arc::clone(&sent)),
+        DispatchOptions::default(),
+    )
+    .expect("dispatcher");
+    while sent.load(Ordering::Relaxed) < fresh as u64 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = started.elapsed();
+    dispatcher.stop().expect("stop");
+    fresh as f64 / took.as_secs_f64()
+}
+
+/// Delivery of a fresh backlog beside parked and held messages.
+struct Beside {
+    parked: usize,
+    held: usize,
+    fresh: usize,
+    delivered_per_s: f64,
 }
 
 /// The database file's and its log's bytes on disk under `dir`.
@@ -247,7 +344,7 @@ fn bound(us: u64) -> String {
     }
 }
 
-fn report(cells: &[Cell], backlog: &Backlog) {
+fn report(cells: &[Cell], backlog: &Backlog, beside: &[Beside]) {
     let mut md = String::new();
     let _ = writeln!(md, "# outbox bench\n");
     write_machine(&mut md, &machine());
@@ -290,6 +387,24 @@ fn report(cells: &[Cell], backlog: &Backlog) {
         backlog.reopen.as_secs_f64() * 1e3,
         fmt_val(Some(backlog.delivered_per_s), 0),
     );
+    let _ = writeln!(
+        md,
+        "\nA fresh backlog of {} messages (64 keys) delivered beside parked messages \
+         (each its own key) and held ones (pending behind a parked message of their key):\n",
+        beside.first().map_or(0, |b| b.fresh)
+    );
+    table_row(&mut md, &["parked", "held", "delivered/s"]);
+    table_row(&mut md, &["--:", "--:", "--:"]);
+    for b in beside {
+        table_row(
+            &mut md,
+            &[
+                b.parked.to_string(),
+                b.held.to_string(),
+                fmt_val(Some(b.delivered_per_s), 0),
+            ],
+        );
+    }
     let path = target_dir().join("bench-results").join("outbox_summary.md");
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);

@@ -299,16 +299,10 @@ pub fn pg_settings(rt: &Handle, root: &Path) -> Vec<(String, String)> {
     let Subject::Pg(store) = &opened.subject else {
         unreachable!("opened PostgreSQL");
     };
-    let which =
-        if std::env::var(idemdb_testkit::postgres::ENV_URL).is_ok_and(|v| !v.trim().is_empty()) {
-            "the server named by IDEMDB_TEST_PG"
-        } else {
-            "a throwaway cluster (idemdb_testkit::postgres), 127.0.0.1 over TCP"
-        };
-    rt.block_on(async {
-        let client = store.pool().get().await.expect("pool");
-        let mut out = vec![("PostgreSQL server".to_string(), which.to_string())];
-        for setting in [
+    crate::shared::pg_table::pg_settings(
+        rt,
+        store,
+        &[
             "server_version",
             "fsync",
             "synchronous_commit",
@@ -316,14 +310,6 @@ pub fn pg_settings(rt: &Handle, root: &Path) -> Vec<(String, String)> {
             "full_page_writes",
             "shared_buffers",
             "max_connections",
-        ] {
-            let v: String = client
-                .query_one("SELECT current_setting($1)", &[&setting])
-                .await
-                .expect("current_setting")
-                .get(0);
-            out.push((setting.to_string(), v));
-        }
-        out
-    })
+        ],
+    )
 }

@@ -152,3 +152,31 @@ impl Conn {
         }
     }
 }
+
+/// Which server a bench runs on, and the values of `settings` there (the server's version and
+/// what decides commit cost), as `(name, value)`.
+pub fn pg_settings(
+    rt: &tokio::runtime::Handle,
+    store: &idemdb_postgres::PgStore,
+    settings: &[&str],
+) -> Vec<(String, String)> {
+    let which =
+        if std::env::var(idemdb_testkit::postgres::ENV_URL).is_ok_and(|v| !v.trim().is_empty()) {
+            "the server named by IDEMDB_TEST_PG"
+        } else {
+            "a throwaway cluster (idemdb_testkit::postgres), 127.0.0.1 over TCP"
+        };
+    rt.block_on(async {
+        let client = store.pool().get().await.expect("pool");
+        let mut out = vec![("PostgreSQL server".to_string(), which.to_string())];
+        for setting in settings {
+            let v: String = client
+                .query_one("SELECT current_setting($1)", &[setting])
+                .await
+                .expect("current_setting")
+                .get(0);
+            out.push((setting.to_string(), v));
+        }
+        out
+    })
+}
