@@ -147,8 +147,11 @@ impl IdemDb {
         if meta.version < meta::CHECKSUMMED {
             meta::checksum_records(&db)?;
         }
-        if meta.version < meta::FORMAT_VERSION {
+        if meta.version < meta::RECOGNITION_INDEXED {
             meta::index_recognition_rows(&db)?;
+        }
+        if meta.version < meta::FORMAT_VERSION {
+            meta::admit_outbox(&db)?;
         }
         // The open's commit is a checkpoint with nothing written after it.
         crate::redb_buffer::write_out(&db, config.quick_repair)?;

@@ -26,11 +26,15 @@ const MAGIC: &[u8] = b"idemdb\0\x01";
 /// version 2): a binary that would take a record without one as valid must not open a file
 /// where only checksummed records are. Version 6 held every recognised key in memory, loaded
 /// from its rows: a binary that does not enter a drop's keys in `idemdb_recognised_keys` must
-/// not open a file whose recognition relies on that table. All are upgraded on open: up to 4
-/// in [`load_or_init`], 4 → 5 with the log's record when the log is opened (recovery.rs),
-/// 5 → 6 by [`checksum_records`] once the log's frames are in the file, 6 → 7 by
-/// [`index_recognition_rows`].
-pub(crate) const FORMAT_VERSION: u32 = 7;
+/// not open a file whose recognition relies on that table. Version 7 had no outbox: a binary
+/// that does not replay the outbox tables' frames from the log must not open a file whose log
+/// may hold them. All are upgraded on open: up to 4 in [`load_or_init`], 4 → 5 with the log's
+/// record when the log is opened (recovery.rs), 5 → 6 by [`checksum_records`] once the log's
+/// frames are in the file, 6 → 7 by [`index_recognition_rows`], 7 → 8 by [`admit_outbox`],
+/// before anything can be staged.
+pub(crate) const FORMAT_VERSION: u32 = 8;
+/// The version [`index_recognition_rows`] reaches.
+pub(crate) const RECOGNITION_INDEXED: u32 = 7;
 /// The version [`checksum_records`] reaches.
 pub(crate) const CHECKSUMMED: u32 = 6;
 /// The version the upgrades of [`load_or_init`] reach; opening the log takes it to
@@ -152,6 +156,16 @@ pub(crate) fn index_recognition_rows(db: &Database) -> Result<(), Error> {
     for key in &keys {
         mark_unindexed(&txn, key)?;
     }
+    crate::engine_tables::write_format_version(&mut txn.open_table(META)?, RECOGNITION_INDEXED)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Version 7 → 8: only the version, in one durable commit before the open returns, so before
+/// any outbox frame can reach the log: a build that knows no outbox refuses the file
+/// (`UnsupportedFormat`) instead of calling its log corrupt.
+pub(crate) fn admit_outbox(db: &Database) -> Result<(), Error> {
+    let txn = db.begin_write()?;
     crate::engine_tables::write_format_version(&mut txn.open_table(META)?, FORMAT_VERSION)?;
     txn.commit()?;
     Ok(())

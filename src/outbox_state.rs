@@ -31,6 +31,9 @@ pub(crate) struct OutboxState {
     woken: Condvar,
     /// (lowest, highest seq a durable batch staged, when it became durable), oldest first.
     durable_at: Mutex<VecDeque<(u64, u64, Instant)>>,
+    /// An operator's commits that parked, unparked or purged messages, counted after each
+    /// commit: the dispatcher's view of the held keys is stale when this moved (I27).
+    holds_changed: AtomicU64,
     /// A dispatcher runs: at most one per database, for the per-key order.
     dispatching: AtomicBool,
     pub(crate) delivered: AtomicU64,
@@ -75,6 +78,16 @@ impl OutboxState {
     /// Every message numbered up to this was staged by a durable commit (I24).
     pub(crate) fn durable_up_to(&self) -> u64 {
         self.durable_up_to.load(Ordering::Acquire)
+    }
+
+    /// An operator's commit parked, unparked or purged messages; called once it is visible.
+    pub(crate) fn hold_changed(&self) {
+        self.holds_changed.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many such commits there were.
+    pub(crate) fn holds_changed(&self) -> u64 {
+        self.holds_changed.load(Ordering::Acquire)
     }
 
     /// Wakes the dispatcher (a commit, an operator's retry, a stop).

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
+use super::held::Held;
 use super::outbox::open;
 use crate::db::IdemDb;
 use crate::engine_tables::{OUTBOX, OUTBOX_PARKED};
@@ -87,6 +88,7 @@ impl Dispatcher {
             publisher: Box::new(publisher),
             unmarked: BTreeSet::new(),
             unmarked_since: None,
+            held: Held::stale(),
         };
         let thread = std::thread::Builder::new()
             .name("idemdb-outbox".into())
@@ -145,6 +147,8 @@ struct Delivery {
     unmarked: BTreeSet<u64>,
     /// When the oldest of them was published.
     unmarked_since: Option<Instant>,
+    /// The pending table as far as the rounds have read it (held.rs).
+    held: Held,
 }
 
 /// What one round read: the messages due, in commit order, and when the next is due.
@@ -213,34 +217,37 @@ impl Delivery {
     }
 
     /// The messages due now, oldest commit first, skipping every ordering key held back by a
-    /// parked message or an earlier message waiting for its retry (per-key order, I25).
-    fn read(&self, now: u64) -> Result<Round, Error> {
-        // Numbers first, then the snapshot: every row numbered up to `durable` that the
-        // snapshot holds was staged by a durable commit (I24); rows above it wait for their
-        // batch's wake-up. No wait on the durability tracker: a closure's non-durable commit
-        // of the callers' next batch is always pending under load.
-        let durable = self.db.engine.outbox.durable_up_to();
+    /// parked message or an earlier message waiting for its retry (per-key order, I25). The
+    /// scan starts where the last round's left off unless that view went stale (held.rs).
+    fn read(&mut self, now: u64) -> Result<Round, Error> {
+        let state = &self.db.engine.outbox;
+        // Counts and numbers first, then the snapshot: a hold changed after the count is seen
+        // next round; every row numbered up to `durable` that the snapshot holds was staged by
+        // a durable commit (I24), rows above it wait for their batch's wake-up. No wait on the
+        // durability tracker: a closure's non-durable commit of the callers' next batch is
+        // always pending under load.
+        let generation = state.holds_changed();
+        let durable = state.durable_up_to();
         let read = self.db.engine.db.begin_read()?;
-        let mut held: HashSet<Vec<u8>> = HashSet::new();
-        let mut parked_n = 0;
-        if let Some(parked) = open(&read, OUTBOX_PARKED)? {
-            parked_n = parked.len()?;
-            for entry in parked.iter()? {
-                let (seq, v) = entry?;
-                if let Some(k) = OutboxRow::decode(seq.value(), v.value())?
-                    .message
-                    .ordering_key
-                {
-                    held.insert(k);
-                }
-            }
+        let parked = open(&read, OUTBOX_PARKED)?;
+        let parked_n = match &parked {
+            Some(t) => t.len()?,
+            None => 0,
+        };
+        let schedule = &self.schedule;
+        if !self
+            .held
+            .holds(generation, now, |t| schedule.is_due(t, now))
+        {
+            self.held.rebuild(generation, now, parked.as_ref())?;
         }
+        self.held.judged(now);
         let mut round = Round {
             due: Vec::new(),
-            next_due_ms: None,
+            next_due_ms: self.held.wake_ms(),
         };
         let Some(pending) = open(&read, OUTBOX)? else {
-            self.db.engine.outbox.gauge(0, parked_n, None);
+            state.gauge(0, parked_n, None);
             return Ok(round);
         };
         let oldest = match pending.first()? {
@@ -252,28 +259,38 @@ impl Delivery {
             None => None,
         };
         let age = oldest.map(|at| Duration::from_millis(now.saturating_sub(at)));
-        self.db.engine.outbox.gauge(pending.len()?, parked_n, age);
-        for entry in pending.iter()? {
+        state.gauge(pending.len()?, parked_n, age);
+        // Keys held by retries above the frontier, this round only.
+        let mut held_here: HashSet<Vec<u8>> = HashSet::new();
+        for entry in pending.range(self.held.clear_below()..)? {
             let (seq, v) = entry?;
-            if seq.value() > durable {
+            let seq = seq.value();
+            if seq > durable {
                 break;
             }
-            if self.unmarked.contains(&seq.value()) {
+            // Until the first message due, everything read moves the frontier past it.
+            let behind = round.due.is_empty();
+            if self.unmarked.contains(&seq) {
+                if behind {
+                    self.held.pass(seq, None, None);
+                }
                 continue;
             }
-            let row = OutboxRow::decode(seq.value(), v.value())?;
-            let key = row.message.ordering_key.as_ref();
-            if key.is_some_and(|k| held.contains(k)) {
+            let row = OutboxRow::decode(seq, v.value())?;
+            let key = row.message.ordering_key.as_deref();
+            if key.is_some_and(|k| self.held.holds_key(k) || held_here.contains(k)) {
+                if behind {
+                    self.held.pass(seq, None, None);
+                }
                 continue;
             }
             if !self.schedule.is_due(row.next_attempt_ms, now) {
-                round.next_due_ms = Some(
-                    round
-                        .next_due_ms
-                        .map_or(row.next_attempt_ms, |t| t.min(row.next_attempt_ms)),
-                );
-                if let Some(k) = key {
-                    held.insert(k.clone());
+                let at = row.next_attempt_ms;
+                round.next_due_ms = Some(round.next_due_ms.map_or(at, |t| t.min(at)));
+                if behind {
+                    self.held.pass(seq, Some(at), key);
+                } else if let Some(k) = key {
+                    held_here.insert(k.to_vec());
                 }
                 continue;
             }
@@ -340,6 +357,13 @@ impl Delivery {
         self.unmarked_since = None;
         let (n_delivered, n_retry) = (delivered.len(), decided.retry.len());
         let highest = delivered.last().copied();
+        // Its own parks and retries are of messages at or past the frontier (every message
+        // due is): the view below it stands, and the parked keys join it.
+        let parked_keys: Vec<Vec<u8>> = decided
+            .park
+            .iter()
+            .filter_map(|row| row.message.ordering_key.clone())
+            .collect();
         let parked = self.db.outbox_write(move |tx| {
             tx.outbox_delivered(&delivered)?;
             for row in &decided.retry {
@@ -351,6 +375,9 @@ impl Delivery {
             }
             Ok(parked)
         })?;
+        for key in parked_keys {
+            self.held.hold(key);
+        }
         let state = &self.db.engine.outbox;
         state.count(n_delivered as u64, n_retry as u64, parked);
         if let Some(h) = highest {

@@ -19,6 +19,7 @@
 
 mod dispatch;
 mod execute;
+mod held;
 mod inbox;
 mod inspect;
 mod open;

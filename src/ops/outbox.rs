@@ -67,7 +67,7 @@ impl IdemDb {
         let Some(seq) = self.find(OUTBOX_PARKED, id)? else {
             return Ok(false);
         };
-        let back = self.outbox_write(move |tx| tx.outbox_unpark(seq))?;
+        let back = self.outbox_rehold(move |tx| tx.outbox_unpark(seq))?;
         self.engine.outbox.poke();
         Ok(back)
     }
@@ -83,7 +83,7 @@ impl IdemDb {
         };
         drop(read);
         row.message.last_error = Some(format!("parked by an operator: {reason}"));
-        let parked = self.outbox_write(move |tx| tx.outbox_park(&row))?;
+        let parked = self.outbox_rehold(move |tx| tx.outbox_park(&row))?;
         if parked {
             self.engine.outbox.count(0, 0, 1);
         }
@@ -100,7 +100,7 @@ impl IdemDb {
         if seqs.is_empty() {
             return Ok(0);
         }
-        self.outbox_write(move |tx| tx.outbox_purge_parked(&seqs))
+        self.outbox_rehold(move |tx| tx.outbox_purge_parked(&seqs))
     }
 
     /// A read transaction that sees only durable commits: a closure's writes are visible at
@@ -122,6 +122,18 @@ impl IdemDb {
         self.run(body).map_err(|e| match e {
             ExecuteError::Db(e) | ExecuteError::Closure(e) => e,
         })
+    }
+
+    /// An operator's write that parks, unparks or purges: counted once visible (even
+    /// when its answer is an error, which may come after the commit), so the dispatcher reads
+    /// the held keys again (I27).
+    fn outbox_rehold<T: Send + 'static>(
+        &self,
+        body: impl FnOnce(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let result = self.outbox_write(body);
+        self.engine.outbox.hold_changed();
+        result
     }
 
     fn outbox_list(

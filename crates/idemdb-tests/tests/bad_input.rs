@@ -553,24 +553,24 @@ fn a_future_format_version_is_refused() {
         );
         db.complete(&r, b"v1".to_vec()).unwrap();
     }
-    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
     {
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
         txn.open_table(META)
             .unwrap()
-            .insert("format_version", &8u32.to_le_bytes()[..])
+            .insert("format_version", &9u32.to_le_bytes()[..])
             .unwrap();
         txn.commit().unwrap();
     }
     match IdemDb::open(&path) {
         Err(Error::UnsupportedFormat { found, supported }) => {
-            assert_eq!((found, supported), (8, 7));
+            assert_eq!((found, supported), (9, 8));
         }
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
     // The refusal did not rewrite the version.
-    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(9u32.to_le_bytes().to_vec()));
 }
 
 #[test]

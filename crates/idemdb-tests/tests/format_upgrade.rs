@@ -1,7 +1,8 @@
 //! Files of older formats are upgraded on open: version 1 (IN_PROGRESS records in the records
 //! table, no in-flight table), version 2 (finished records in one table, records without
 //! expiry), version 3 (no log) and version 4 (a log the file did not record, whose header
-//! had no identity). Their reservations keep working and their owners can still finish them.
+//! had no identity) up to version 7 (no outbox). Their reservations keep working and their
+//! owners can still finish them.
 
 mod common;
 
@@ -162,7 +163,7 @@ fn upgrades_from(version: u32) {
     drop(db);
 
     // The file is version 7 now, with its in-flight and horizon tables, and its log recorded.
-    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     let names = table_names(&read);
@@ -209,7 +210,50 @@ fn version_3_files_are_upgraded_on_open() {
         ReserveOutcome::Completed(b"ok".to_vec())
     );
     drop(db);
-    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
+}
+
+/// Version 7 had no outbox: the open sets version 8 before it returns, so before anything
+/// can be staged, and a build that knows no outbox refuses the file as newer rather than
+/// calling its log corrupt. Nothing else changes.
+#[test]
+fn version_7_files_become_8_before_anything_is_staged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v7.idemdb");
+    let scope = Scope::new("op", "p");
+    {
+        let db = IdemDb::open(&path).unwrap();
+        let done = acquired(db.reserve(&scope, &Key::new("done"), b"p", LEASE).unwrap());
+        db.complete(&done, b"ok".to_vec()).unwrap();
+    }
+    {
+        let raw = idemdb::redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("format_version", &7u32.to_le_bytes()[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    drop(IdemDb::open(&path).unwrap());
+    // Set by the open alone, with nothing staged.
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
+    let db = IdemDb::open(&path).unwrap();
+    assert_eq!(
+        db.reserve(&scope, &Key::new("done"), b"p", LEASE).unwrap(),
+        ReserveOutcome::Completed(b"ok".to_vec())
+    );
+    let staged = db
+        .execute(&scope, &Key::new("staging"), b"p", |tx| {
+            tx.stage(idemdb::Message::new("orders", b"m".to_vec()))?;
+            Ok::<_, idemdb::Error>(idemdb::Outcome::Completed(b"201".to_vec()))
+        })
+        .unwrap();
+    assert!(
+        matches!(staged, idemdb::ExecuteOutcome::Executed(_)),
+        "{staged:?}"
+    );
+    assert_eq!(db.outbox_stats().unwrap().backlog, 1);
 }
 
 /// Version 4 did not record its log, and the log's header (version 1) had no identity of its
@@ -262,7 +306,7 @@ fn version_4_files_replay_their_log_and_are_upgraded() {
     acks.check_outcomes(&db);
     acks.check_tokens(&db, "probe-v4");
     drop(db);
-    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
     let log = std::fs::read(&log_path).unwrap();
     assert_eq!(u32::from_le_bytes(log[8..12].try_into().unwrap()), 2);
     let db = open_worker_db(&path).unwrap();
@@ -308,7 +352,7 @@ fn version_5_records_are_checksummed_on_open() {
     let report = db.verify(10, |_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     drop(db);
-    assert_eq!(format_version(&path), Some(7u32.to_le_bytes().to_vec()));
+    assert_eq!(format_version(&path), Some(8u32.to_le_bytes().to_vec()));
     let raw = idemdb::redb::Database::open(&path).unwrap();
     let read = raw.begin_read().unwrap();
     for name in table_names(&read)

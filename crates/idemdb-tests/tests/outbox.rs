@@ -46,6 +46,17 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A fresh database on a clock that moves only when told to.
+fn on_manual_clock() -> (tempfile::TempDir, idemdb::ManualClock, Arc<IdemDb>) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = idemdb::ManualClock::new(10_000_000_000);
+    let db = IdemDb::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("db"))
+        .unwrap();
+    (dir, clock, Arc::new(db))
+}
+
 fn scope() -> Scope {
     Scope::new("order", "u1")
 }
@@ -435,6 +446,48 @@ fn transient_failures_back_off_and_park_at_the_attempt_cap() {
 }
 
 #[test]
+fn an_operators_park_and_purge_under_a_running_dispatcher_hold_and_release_the_key() {
+    let (_dir, db) = fresh();
+    let db = Arc::new(db);
+    let first = place(&db, "k1", Some("k"), &["x1"])[0];
+    let (sent, mut inner) = recording();
+    let publisher = move |m: &OutboxMessage| {
+        if m.payload == b"x1" {
+            return Err(PublishError::Transient("503".into()));
+        }
+        inner(m)
+    };
+    // x1's retry waits a minute: its key is held, below the dispatcher's frontier.
+    let options = fast().backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let dispatcher = Dispatcher::start(Arc::clone(&db), publisher, options).unwrap();
+    until("x1's retry", || {
+        db.outbox_pending(1).unwrap()[0].attempts == 1
+    });
+    place(&db, "k2", Some("k"), &["x2"]);
+    place(&db, "k3", Some("other"), &["y"]);
+    until("y", || sent.lock().unwrap().len() == 1);
+    assert!(db.park_message(first, "stuck").unwrap());
+    std::thread::sleep(Duration::from_millis(150)); // rounds after the park
+    let payloads = |sent: &Sent| -> Vec<Vec<u8>> {
+        sent.lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect()
+    };
+    assert_eq!(
+        payloads(&sent),
+        [b"y".to_vec()],
+        "x2 went past its parked key"
+    );
+    // Purged: the key is free, well before x1's retry would have come due.
+    assert_eq!(db.purge_parked().unwrap(), 1);
+    until("x2", || sent.lock().unwrap().len() == 2);
+    assert_eq!(payloads(&sent), [b"y".to_vec(), b"x2".to_vec()]);
+    dispatcher.stop().unwrap();
+}
+
+#[test]
 fn undelivered_and_parked_messages_survive_reopen_and_compaction() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
@@ -584,14 +637,7 @@ fn nothing_is_published_before_its_commit_is_durable() {
 /// oldest-age gauge follows it, and nothing is lost.
 #[test]
 fn a_retry_scheduled_before_the_clock_stepped_back_still_runs_after_its_backoff() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = idemdb::ManualClock::new(10_000_000_000);
-    let db = Arc::new(
-        IdemDb::builder()
-            .clock(clock.clone())
-            .open(dir.path().join("db"))
-            .unwrap(),
-    );
+    let (_dir, clock, db) = on_manual_clock();
     place(&db, "k1", None, &["retried"]);
     let (sent, mut inner) = recording();
     let mut failed_once = false;
@@ -620,6 +666,61 @@ fn a_retry_scheduled_before_the_clock_stepped_back_still_runs_after_its_backoff(
     until("the second", || sent.lock().unwrap().len() == 2);
     dispatcher.stop().unwrap();
     assert_eq!(db.outbox_stats().unwrap().backlog, 0);
+}
+
+/// The dispatcher's rounds skip what they already know cannot be sent (ops/held.rs); a step
+/// back of the clock smaller than the longest backoff must still make a retry scheduled before
+/// it due at once, though an earlier retry is not due.
+#[test]
+fn a_small_step_back_makes_a_far_retry_due_though_a_nearer_one_is_not() {
+    let (_dir, clock, db) = on_manual_clock();
+    // "b" fails three times (its next wait is 4–6 s), then goes; "a" always fails.
+    let attempts: Arc<Mutex<HashMap<Vec<u8>, u32>>> = Arc::default();
+    let (sent, mut inner) = recording();
+    let tries = Arc::clone(&attempts);
+    let publisher = move |m: &OutboxMessage| {
+        let n = {
+            let mut tries = tries.lock().unwrap();
+            let n = tries.entry(m.payload.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        if m.payload == b"a" || n <= 3 {
+            return Err(PublishError::Transient("503".into()));
+        }
+        inner(m)
+    };
+    let tried = |p: &[u8]| attempts.lock().unwrap().get(p).copied().unwrap_or(0);
+    let options = fast()
+        .backoff(Duration::from_secs(1), Duration::from_secs(4))
+        .max_attempts(100);
+    let dispatcher = Dispatcher::start(Arc::clone(&db), publisher, options).unwrap();
+    place(&db, "kb", Some("b"), &["b"]);
+    for n in 1..=3 {
+        until("b's attempt", || tried(b"b") == n);
+        if n < 3 {
+            clock.advance(Duration::from_secs(3));
+        }
+    }
+    // Once b's third failure is committed: a fails once (its next wait is 1–1.5 s).
+    until("b's retry committed", || {
+        db.outbox_pending(10).unwrap()[0].attempts == 3
+    });
+    place(&db, "ka", Some("a"), &["a"]);
+    until("a's attempt", || tried(b"a") == 1);
+    until("a's retry committed", || {
+        db.outbox_pending(10)
+            .unwrap()
+            .iter()
+            .all(|m| m.attempts > 0)
+    });
+    std::thread::sleep(Duration::from_millis(100)); // rounds that find neither due
+    // Back 3 s: b's retry (4–6 s ahead) is now further ahead than any backoff (6 s), a's
+    // (1–1.5 s ahead) is not.
+    clock.set(clock.now_ms() - 3_000);
+    until("b, due at once", || sent.lock().unwrap().len() == 1);
+    assert_eq!(tried(b"a"), 1, "a's retry ran before it was due");
+    dispatcher.stop().unwrap();
 }
 
 #[test]

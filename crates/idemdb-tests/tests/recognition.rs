@@ -405,7 +405,7 @@ fn a_version_6_file_keeps_its_recognised_keys_through_the_upgrade() {
     drop(db);
     assert_eq!(
         common::format_version(&path),
-        Some(7u32.to_le_bytes().to_vec())
+        Some(8u32.to_le_bytes().to_vec())
     );
     let db = open(&path, &clock);
     assert!(beyond_horizon(&db));
