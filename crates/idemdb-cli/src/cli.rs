@@ -150,7 +150,7 @@ pub enum OutboxAction {
     /// Pending messages (oldest commit first), then parked ones, with their attempts and last
     /// error; a count of each on stderr.
     List {
-        /// The database file.
+        /// The database file, or a postgres:// URL (its schema migrated by the service).
         path: PathBuf,
         /// Only the parked messages.
         #[arg(long)]
@@ -162,7 +162,7 @@ pub enum OutboxAction {
     /// Put a parked message back in line (its attempts reset). Exit code 1 if no parked
     /// message has that id.
     Retry {
-        /// The database file.
+        /// The database file, or a postgres:// URL (its schema migrated by the service).
         path: PathBuf,
         /// The message id (32 hex digits, as `list` shows it).
         id: String,
@@ -170,7 +170,7 @@ pub enum OutboxAction {
     /// Park a pending message: it is not sent, and holds back later messages of its ordering
     /// key, until `retry`. Exit code 1 if no pending message has that id.
     Park {
-        /// The database file.
+        /// The database file, or a postgres:// URL (its schema migrated by the service).
         path: PathBuf,
         /// The message id.
         id: String,
@@ -180,7 +180,7 @@ pub enum OutboxAction {
     },
     /// Remove every parked message for good (never sent). Asks for `yes` on a terminal.
     Purge {
-        /// The database file.
+        /// The database file, or a postgres:// URL (its schema migrated by the service).
         path: PathBuf,
         /// Confirm without asking (needed when stdin is not a terminal).
         #[arg(long)]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use idemdb::Error;
 use idemdb::redb;
+use idemdb_postgres::PgError;
 
 /// Exit codes. 1 is a negative answer (no record; problems found), 2 a usage error.
 pub mod code {
@@ -44,6 +45,9 @@ pub enum CliError {
     Usage(String),
     /// Anything else the engine reported.
     Engine(PathBuf, Error),
+    /// What PostgreSQL or `PgStore` reported (the server's words included), with the URL
+    /// without its password.
+    Postgres(String, idemdb_postgres::PgError),
     /// Writing the output failed (other than a closed pipe, which ends quietly).
     Output(std::io::Error),
 }
@@ -57,6 +61,12 @@ impl CliError {
             CliError::Corrupt(..) | CliError::LogRefused(..) => code::CORRUPT,
             CliError::Unsupported(..) => code::UNSUPPORTED,
             CliError::Usage(_) => code::USAGE,
+            CliError::Postgres(_, e) => match e {
+                PgError::NotMigrated(_) => code::NOT_IDEMDB,
+                PgError::UnsupportedFormat { .. } => code::UNSUPPORTED,
+                PgError::Corrupted(_) => code::CORRUPT,
+                _ => code::OTHER,
+            },
             CliError::Io(..) | CliError::Engine(..) | CliError::Output(_) => code::OTHER,
         }
     }
@@ -73,6 +83,12 @@ impl CliError {
             CliError::Usage(_) => "usage",
             CliError::Engine(..) => "engine",
             CliError::Output(_) => "output",
+            CliError::Postgres(_, e) => match e {
+                PgError::NotMigrated(_) => "not_idemdb",
+                PgError::UnsupportedFormat { .. } => "unsupported",
+                PgError::Corrupted(_) => "corrupt",
+                _ => "postgres",
+            },
         }
     }
 
@@ -160,6 +176,7 @@ impl fmt::Display for CliError {
             CliError::Usage(why) => write!(f, "{why}"),
             CliError::Engine(p, e) => write!(f, "{}: {e}", p.display()),
             CliError::Output(e) => write!(f, "cannot write the output: {e}"),
+            CliError::Postgres(url, e) => write!(f, "{url}: {e}"),
         }
     }
 }

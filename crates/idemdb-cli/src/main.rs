@@ -8,6 +8,7 @@ mod commands;
 mod errors;
 mod open;
 mod outbox;
+mod outbox_target;
 mod output;
 mod progress;
 mod records;

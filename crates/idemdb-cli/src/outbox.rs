@@ -1,8 +1,8 @@
 //! `outbox`: the operator's view of the outbox (pending and parked messages) and its tools:
-//! retry or park one message, purge the parked ones after confirmation.
+//! retry or park one message, purge the parked ones after confirmation; on a database file
+//! or over PostgreSQL (outbox_target.rs).
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::Path;
 
 use idemdb::{MessageId, OutboxMessage};
 use serde_json::json;
@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::cli::{Global, OutboxAction};
 use crate::commands::Ctx;
 use crate::errors::{CliError, code};
-use crate::open::open;
+use crate::outbox_target::OutboxTarget;
 use crate::output::{json_bytes, time};
 
 pub fn outbox(ctx: &mut Ctx, global: &Global, action: &OutboxAction) -> Result<u8, CliError> {
@@ -19,11 +19,10 @@ pub fn outbox(ctx: &mut Ctx, global: &Global, action: &OutboxAction) -> Result<u
             path,
             parked,
             limit,
-        } => list(ctx, path, global, *parked, *limit),
+        } => list(ctx, &OutboxTarget::open(path, global)?, *parked, *limit),
         OutboxAction::Retry { path, id } => {
             let id = parse_id(id)?;
-            let db = open(path, global)?;
-            let back = db.retry_parked(id).map_err(|e| engine(path, e))?;
+            let back = OutboxTarget::open(path, global)?.retry_parked(id)?;
             answer(
                 ctx,
                 back,
@@ -33,8 +32,7 @@ pub fn outbox(ctx: &mut Ctx, global: &Global, action: &OutboxAction) -> Result<u
         }
         OutboxAction::Park { path, id, reason } => {
             let id = parse_id(id)?;
-            let db = open(path, global)?;
-            let parked = db.park_message(id, reason).map_err(|e| engine(path, e))?;
+            let parked = OutboxTarget::open(path, global)?.park_message(id, reason)?;
             answer(
                 ctx,
                 parked,
@@ -42,12 +40,8 @@ pub fn outbox(ctx: &mut Ctx, global: &Global, action: &OutboxAction) -> Result<u
                 &format!("{id}: no pending message"),
             )
         }
-        OutboxAction::Purge { path, yes } => purge(ctx, path, global, *yes),
+        OutboxAction::Purge { path, yes } => purge(ctx, &OutboxTarget::open(path, global)?, *yes),
     }
-}
-
-fn engine(path: &Path, e: idemdb::Error) -> CliError {
-    CliError::from_engine(path, e)
 }
 
 fn parse_id(text: &str) -> Result<MessageId, CliError> {
@@ -67,21 +61,19 @@ fn answer(ctx: &mut Ctx, done: bool, yes: &str, no: &str) -> Result<u8, CliError
 
 fn list(
     ctx: &mut Ctx,
-    path: &Path,
-    global: &Global,
+    outbox: &OutboxTarget<'_>,
     parked_only: bool,
     limit: Option<usize>,
 ) -> Result<u8, CliError> {
-    let db = open(path, global)?;
     let limit = limit.unwrap_or(usize::MAX);
-    let stats = db.outbox_stats().map_err(|e| engine(path, e))?;
+    let stats = outbox.stats()?;
     let mut rows: Vec<(&str, OutboxMessage)> = Vec::new();
     if !parked_only {
-        let pending = db.outbox_pending(limit).map_err(|e| engine(path, e))?;
+        let pending = outbox.list(false, limit)?;
         rows.extend(pending.into_iter().map(|m| ("pending", m)));
     }
     let room = limit.saturating_sub(rows.len());
-    let parked = db.outbox_parked(room).map_err(|e| engine(path, e))?;
+    let parked = outbox.list(true, room)?;
     rows.extend(parked.into_iter().map(|m| ("parked", m)));
     for (status, m) in &rows {
         if ctx.json {
@@ -129,9 +121,8 @@ fn list(
 }
 
 /// Removes every parked message for good, after `--yes` or a typed `yes` on a terminal.
-fn purge(ctx: &mut Ctx, path: &Path, global: &Global, yes: bool) -> Result<u8, CliError> {
-    let db = open(path, global)?;
-    let parked = db.outbox_stats().map_err(|e| engine(path, e))?.parked;
+fn purge(ctx: &mut Ctx, outbox: &OutboxTarget<'_>, yes: bool) -> Result<u8, CliError> {
+    let parked = outbox.stats()?.parked;
     if parked == 0 {
         answer_purged(ctx, 0)?;
         return Ok(code::OK);
@@ -153,12 +144,12 @@ fn purge(ctx: &mut Ctx, path: &Path, global: &Global, yes: bool) -> Result<u8, C
         stdin
             .lock()
             .read_line(&mut line)
-            .map_err(|e| CliError::Io(path.to_path_buf(), e))?;
+            .map_err(|e| CliError::Io(outbox.shown(), e))?;
         if line.trim() != "yes" {
             return Err(CliError::Usage("not confirmed: nothing removed".into()));
         }
     }
-    let purged = db.purge_parked().map_err(|e| engine(path, e))?;
+    let purged = outbox.purge_parked()?;
     answer_purged(ctx, purged)?;
     Ok(code::OK)
 }

@@ -650,7 +650,62 @@ fn outbox_lists_parks_retries_and_purges_only_when_confirmed() {
                 .unwrap();
         }
     }
-    let p = path.to_str().unwrap();
+    outbox_tools_on(path.to_str().unwrap());
+}
+
+/// The same tools over PostgreSQL: a `postgres://` URL in place of the file. A database with
+/// no schema is refused as not idemdb's, and the password never shows.
+#[test]
+fn outbox_over_postgres_lists_parks_retries_and_purges_only_when_confirmed() {
+    use idemdb_postgres::{PgStore, PgTx};
+    let url = common::stores::fresh_database_url();
+    let rt = common::stores::runtime();
+    rt.block_on(async {
+        let builder = PgStore::builder(&url).unwrap();
+        builder.migrate().await.unwrap();
+        let store = builder.connect().await.unwrap();
+        for (key, payload) in [("k1", "first"), ("k2", "second")] {
+            let m = idemdb::Message::new("orders", payload.as_bytes().to_vec())
+                .ordering_key(b"customer-1".to_vec());
+            let _ = store
+                .execute(
+                    &Scope::new("op", "p"),
+                    &Key::new(key),
+                    b"req",
+                    move |tx: &mut PgTx<'_>| {
+                        let m = m.clone();
+                        Box::pin(async move {
+                            tx.stage(m).await?;
+                            Ok::<_, idemdb_postgres::PgError>(idemdb::Outcome::Completed(
+                                b"ok".to_vec(),
+                            ))
+                        })
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    });
+    outbox_tools_on(&url);
+
+    let bare = common::stores::fresh_database_url();
+    let (code, _, err) = run(&["outbox", "list", &bare]);
+    assert_eq!(code, 5, "{err}");
+    // The test cluster trusts its connections: the password is not checked, only hidden.
+    let (user_end, at) = (bare.find("://").unwrap() + 3, bare.find('@').unwrap());
+    let user = &bare[user_end..at];
+    let with_password = format!("{}{user}:hunter2{}", &bare[..user_end], &bare[at..]);
+    let (code, _, err) = run(&["outbox", "list", &with_password]);
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        err.contains(&format!("{user}:***@")) && !err.contains("hunter2"),
+        "{err}"
+    );
+}
+
+/// Two messages of one ordering key staged at `target` ("first", "second"): list them, park,
+/// retry and park the first again, refuse an unconfirmed purge, then purge.
+fn outbox_tools_on(p: &str) {
     let (code, out, err) = run(&["outbox", "list", p, "--json"]);
     assert_eq!(code, 0, "{err}");
     let listed = json_lines(&out);
