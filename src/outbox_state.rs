@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+#[cfg(feature = "metrics")]
+use idemdb_core::counters as names;
 use idemdb_core::counters::Histogram;
 use redb::{ReadableDatabase, ReadableTable, TableError};
 
@@ -118,7 +120,7 @@ impl OutboxState {
         if let Some((_, _, when)) = at.get(first).filter(|(lowest, _, _)| *lowest <= seq) {
             let took = when.elapsed();
             #[cfg(feature = "metrics")]
-            metrics::histogram!("idemdb_outbox_publish_latency_seconds").record(took.as_secs_f64());
+            metrics::histogram!(names::OUTBOX_PUBLISH_LATENCY_SECONDS).record(took.as_secs_f64());
             let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
             self.latency_us.lock().record(us);
         }
@@ -131,9 +133,9 @@ impl OutboxState {
         self.parked.fetch_add(parked, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            metrics::counter!("idemdb_outbox_delivered_total").increment(delivered);
-            metrics::counter!("idemdb_outbox_retried_total").increment(retried);
-            metrics::counter!("idemdb_outbox_parked_total").increment(parked);
+            metrics::counter!(names::OUTBOX_DELIVERED_TOTAL).increment(delivered);
+            metrics::counter!(names::OUTBOX_RETRIED_TOTAL).increment(retried);
+            metrics::counter!(names::OUTBOX_PARKED_TOTAL).increment(parked);
         }
     }
 
@@ -143,9 +145,9 @@ impl OutboxState {
     pub(crate) fn gauge(&self, backlog: u64, parked: u64, oldest_age: Option<Duration>) {
         #[cfg(feature = "metrics")]
         {
-            metrics::gauge!("idemdb_outbox_backlog").set(backlog as f64);
-            metrics::gauge!("idemdb_outbox_parked").set(parked as f64);
-            metrics::gauge!("idemdb_outbox_oldest_undelivered_age_seconds")
+            metrics::gauge!(names::OUTBOX_BACKLOG).set(backlog as f64);
+            metrics::gauge!(names::OUTBOX_PARKED).set(parked as f64);
+            metrics::gauge!(names::OUTBOX_OLDEST_AGE_SECONDS)
                 .set(oldest_age.map_or(0.0, |a| a.as_secs_f64()));
         }
     }

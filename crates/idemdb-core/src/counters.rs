@@ -57,6 +57,24 @@ pub const COMMIT_BATCH_SIZE: &str = "idemdb_commit_batch_size";
 /// Each commit's latency in seconds (a histogram).
 pub const COMMIT_LATENCY_SECONDS: &str = "idemdb_commit_latency_seconds";
 
+/// Names of the outbox metrics (each store's feature `metrics`), shared like the commit
+/// metrics'. Messages marked delivered (a counter).
+pub const OUTBOX_DELIVERED_TOTAL: &str = "idemdb_outbox_delivered_total";
+/// Failed attempts rescheduled (a counter).
+pub const OUTBOX_RETRIED_TOTAL: &str = "idemdb_outbox_retried_total";
+/// Messages parked by the dispatcher or an operator (a counter).
+pub const OUTBOX_PARKED_TOTAL: &str = "idemdb_outbox_parked_total";
+/// Marks of a claim that had lapsed, which changed nothing (a counter; PostgreSQL only).
+pub const OUTBOX_FENCED_TOTAL: &str = "idemdb_outbox_fenced_total";
+/// Undelivered messages (a gauge).
+pub const OUTBOX_BACKLOG: &str = "idemdb_outbox_backlog";
+/// Parked messages (a gauge).
+pub const OUTBOX_PARKED: &str = "idemdb_outbox_parked";
+/// The oldest undelivered message's age in seconds, 0 with none (a gauge).
+pub const OUTBOX_OLDEST_AGE_SECONDS: &str = "idemdb_outbox_oldest_undelivered_age_seconds";
+/// A staging commit to the publisher's `Ok`, in seconds (a histogram).
+pub const OUTBOX_PUBLISH_LATENCY_SECONDS: &str = "idemdb_outbox_publish_latency_seconds";
+
 /// The answers and events every store counts, one slot each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(missing_docs)] // each variant is its metric's name below

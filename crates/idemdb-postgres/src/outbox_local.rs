@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+#[cfg(feature = "metrics")]
+use idemdb_core::counters as names;
 use idemdb_core::counters::Histogram;
 use idemdb_core::dispatch::OutboxStats;
 use idemdb_core::outbox::MessageId;
@@ -89,7 +91,7 @@ impl OutboxLocal {
 
     fn record(&self, took: Duration) {
         #[cfg(feature = "metrics")]
-        metrics::histogram!("idemdb_outbox_publish_latency_seconds").record(took.as_secs_f64());
+        metrics::histogram!(names::OUTBOX_PUBLISH_LATENCY_SECONDS).record(took.as_secs_f64());
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.latency_us.lock().record(us);
     }
@@ -102,10 +104,10 @@ impl OutboxLocal {
         self.fenced.fetch_add(fenced, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            metrics::counter!("idemdb_outbox_delivered_total").increment(delivered);
-            metrics::counter!("idemdb_outbox_retried_total").increment(retried);
-            metrics::counter!("idemdb_outbox_parked_total").increment(parked);
-            metrics::counter!("idemdb_outbox_fenced_total").increment(fenced);
+            metrics::counter!(names::OUTBOX_DELIVERED_TOTAL).increment(delivered);
+            metrics::counter!(names::OUTBOX_RETRIED_TOTAL).increment(retried);
+            metrics::counter!(names::OUTBOX_PARKED_TOTAL).increment(parked);
+            metrics::counter!(names::OUTBOX_FENCED_TOTAL).increment(fenced);
         }
     }
 
@@ -126,9 +128,9 @@ impl OutboxLocal {
     pub(crate) fn gauge(&self, backlog: u64, parked: u64, oldest_age: Option<Duration>) {
         #[cfg(feature = "metrics")]
         {
-            metrics::gauge!("idemdb_outbox_backlog").set(backlog as f64);
-            metrics::gauge!("idemdb_outbox_parked").set(parked as f64);
-            metrics::gauge!("idemdb_outbox_oldest_undelivered_age_seconds")
+            metrics::gauge!(names::OUTBOX_BACKLOG).set(backlog as f64);
+            metrics::gauge!(names::OUTBOX_PARKED).set(parked as f64);
+            metrics::gauge!(names::OUTBOX_OLDEST_AGE_SECONDS)
                 .set(oldest_age.map_or(0.0, |a| a.as_secs_f64()));
         }
         #[cfg(not(feature = "metrics"))]

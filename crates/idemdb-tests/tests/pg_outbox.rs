@@ -511,6 +511,37 @@ fn transient_failures_back_off_and_park_at_the_attempt_cap() {
     });
 }
 
+/// A publisher for instance `who` that announces each message it is handed (its seq on the
+/// receiver), waits for a release, then records it and answers `Ok`.
+#[allow(clippy::type_complexity)]
+fn stalling(
+    who: usize,
+) -> (
+    Sent,
+    Arc<tokio::sync::Notify>,
+    tokio::sync::mpsc::UnboundedReceiver<u64>,
+    impl FnMut(
+        OutboxMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send>>
+    + Send
+    + 'static,
+) {
+    let (started, started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let sent: Sent = Arc::default();
+    let (log, gate) = (Arc::clone(&sent), Arc::clone(&release));
+    let publisher = move |m: OutboxMessage| {
+        let (log, gate, started) = (Arc::clone(&log), Arc::clone(&gate), started.clone());
+        Box::pin(async move {
+            let _ = started.send(m.seq);
+            gate.notified().await;
+            log.lock().unwrap().push((who, m));
+            Ok(())
+        }) as std::pin::Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send>>
+    };
+    (sent, release, started_rx, publisher)
+}
+
 #[test]
 fn a_lapsed_claim_is_taken_over_and_the_first_claimants_late_marks_are_fenced() {
     runtime().block_on(async {
@@ -526,40 +557,14 @@ fn a_lapsed_claim_is_taken_over_and_the_first_claimants_late_marks_are_fenced() 
         .await;
 
         // A claims both and stalls in its publisher until released.
-        let (a_started, mut a_started_rx) = tokio::sync::mpsc::unbounded_channel();
-        let a_release = Arc::new(tokio::sync::Notify::new());
-        let a_sent: Sent = Arc::default();
-        let (log, release) = (Arc::clone(&a_sent), Arc::clone(&a_release));
         let options = fast().claim_lease(Duration::from_secs(30));
-        let publisher_a = move |m: OutboxMessage| {
-            let (log, release, started) =
-                (Arc::clone(&log), Arc::clone(&release), a_started.clone());
-            async move {
-                let _ = started.send(m.seq);
-                release.notified().await;
-                log.lock().unwrap().push((0, m));
-                Ok(())
-            }
-        };
+        let (a_sent, a_release, mut a_started_rx, publisher_a) = stalling(0);
         let dispatcher_a = PgDispatcher::start(&a, publisher_a, options.clone());
         a_started_rx.recv().await.unwrap();
 
         // Its lease lapses by the server's clock: B takes both over, and stalls likewise.
         clock.advance(Duration::from_secs(31)).unwrap();
-        let (b_started, mut b_started_rx) = tokio::sync::mpsc::unbounded_channel();
-        let b_release = Arc::new(tokio::sync::Notify::new());
-        let b_sent: Sent = Arc::default();
-        let (log, release) = (Arc::clone(&b_sent), Arc::clone(&b_release));
-        let publisher_b = move |m: OutboxMessage| {
-            let (log, release, started) =
-                (Arc::clone(&log), Arc::clone(&release), b_started.clone());
-            async move {
-                let _ = started.send(m.seq);
-                release.notified().await;
-                log.lock().unwrap().push((1, m));
-                Ok(())
-            }
-        };
+        let (b_sent, b_release, mut b_started_rx, publisher_b) = stalling(1);
         let dispatcher_b = PgDispatcher::start(&b, publisher_b, options);
         b_started_rx.recv().await.unwrap();
 
