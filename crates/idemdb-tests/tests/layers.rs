@@ -121,6 +121,7 @@ const HTTP: &[(&str, &[&str])] = &[
 const CLI: &[(&str, &[&str])] = &[
     ("errors and output", &["errors", "progress", "output"]),
     ("arguments and opening", &["cli", "open"]),
+    ("a file or a PostgreSQL database", &["outbox_target"]),
     ("commands", &["commands", "records", "outbox"]),
 ];
 
