@@ -5,7 +5,7 @@
 //! staging callers all along (its claims and marks share the server and the store's pool with
 //! them); the commit-to-publish latency of those messages (the staging commit to the
 //! publisher's `Ok`); and the delivery rate of a 20,000-message backlog by 1 dispatching
-//! instance and by 3.
+//! instance and by 3, and beside parked and held messages.
 //!
 //! PostgreSQL is the test server of `idemdb_testkit::postgres` (`$IDEMDB_TEST_PG`, else a
 //! throwaway cluster for the process: fsync on, default `synchronous_commit`), a fresh
@@ -25,7 +25,9 @@
 //! the delivery beside it; then the latency histogram of every message of the cell. Then the backlogs: 20,000 messages
 //! (`IDEMDB_PG_OUTBOX_BACKLOG` overrides) staged by 64 callers with no dispatcher running,
 //! then drained by 1 dispatcher, and a second backlog by 3 instances (3 `PgStore`s on its
-//! database, a dispatcher each), from the first start to an empty backlog.
+//! database, a dispatcher each), from the first start to an empty backlog. Last, 5,000 fresh
+//! messages delivered by one dispatcher beside nothing, beside 10,000 parked messages and
+//! beside 10,000 held behind one parked message.
 //!
 //! Run: `cargo bench -p idemdb-bench --bench pg_outbox` (about 2 min on the 2-vCPU VM); the
 //! summary is printed and written to `target/bench-results/pg_outbox_summary.md`. In
@@ -47,7 +49,7 @@ use idemdb_postgres::{DispatchOptions, PgDispatcher, PgStore};
 use tokio::runtime::Handle;
 
 use callers::{Callers, Op};
-use report::{Cell, Delivery};
+use report::{Beside, Cell, Delivery};
 use shared::report::target_dir;
 use subject::Probe;
 
@@ -62,6 +64,10 @@ const BACKLOG_TEST: u64 = 256;
 const STAGING_CALLERS: usize = 64;
 /// Dispatching instances draining a backlog, one backlog each.
 const INSTANCES: [usize; 2] = [1, 3];
+/// Parked messages (each its own key), and held ones (behind one parked message), beside
+/// which `FRESH` messages are delivered.
+const PARKED: u64 = 10_000;
+const FRESH: u64 = 5_000;
 /// How often the outbox is counted while waiting for it to empty.
 const POLL: Duration = Duration::from_millis(2);
 
@@ -95,6 +101,12 @@ fn main() {
         .map(|&i| delivery(handle, messages, i))
         .collect();
 
+    let (parked, fresh) = if test_mode { (64, 64) } else { (PARKED, FRESH) };
+    let beside: Vec<Beside> = [(0, 0), (parked, 0), (0, parked)]
+        .into_iter()
+        .map(|(p, h)| beside_parked(handle, p, h, fresh))
+        .collect();
+
     let mut machine = shared::report::machine();
     let (_, store) = subject::fresh(handle, 1);
     machine.extend(subject::pg_settings(handle, &store));
@@ -103,7 +115,7 @@ fn main() {
         "whole run".into(),
         format!("{:.0} s", started.elapsed().as_secs_f64()),
     ));
-    let md = report::markdown(&cells, &deliveries, &machine);
+    let md = report::markdown(&cells, &deliveries, &beside, &machine);
     println!("\n{md}");
     if test_mode {
         println!("(test mode: every cell ran once on tiny sizes; nothing written)");
@@ -328,5 +340,86 @@ fn delivery(rt: &Handle, messages: u64, instances: usize) -> Delivery {
         per_instance: sent.iter().map(|n| n.load(Ordering::Relaxed)).collect(),
         round_errors: stats.iter().map(|s| s.round_errors).sum(),
         fenced: stats.iter().map(|s| s.fenced).sum(),
+    }
+}
+
+/// `parked` messages parked (each its own key) and `held` pending behind one parked message
+/// of their key, staged by 64 callers and parked by a dispatcher whose publisher refuses them
+/// for good; then the delivery rate of `fresh` messages of 64 other keys by one dispatcher.
+fn beside_parked(rt: &Handle, parked: u64, held: u64, fresh: u64) -> Beside {
+    let (_url, store) = subject::fresh(rt, STAGING_CALLERS);
+    let next = AtomicU64::new(0);
+    let id = || next.fetch_add(1, Ordering::Relaxed);
+    callers::share(STAGING_CALLERS, parked, &|_| {
+        let n = id();
+        rt.block_on(subject::stage_one(
+            &store,
+            n,
+            format!("parked-{n}").into_bytes(),
+            b"poison",
+        ));
+    });
+    if held > 0 {
+        rt.block_on(subject::stage_one(
+            &store,
+            id(),
+            b"held".to_vec(),
+            b"poison",
+        ));
+        callers::share(STAGING_CALLERS, held, &|_| {
+            rt.block_on(subject::stage_one(&store, id(), b"held".to_vec(), b"ok"));
+        });
+    }
+    let poisoned = parked + u64::from(held > 0);
+    if poisoned > 0 {
+        let refusing = PgDispatcher::start(
+            &store,
+            |m: idemdb_postgres::OutboxMessage| {
+                std::future::ready(if m.payload == b"poison" {
+                    Err(idemdb_postgres::PublishError::Permanent("poison".into()))
+                } else {
+                    Ok(())
+                })
+            },
+            DispatchOptions::default(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while subject::stats(rt, &store).parked < poisoned {
+            assert!(Instant::now() < deadline, "the poison was not parked");
+            std::thread::sleep(POLL);
+        }
+        rt.block_on(refusing.stop());
+    }
+    callers::share(STAGING_CALLERS, fresh, &|_| {
+        let n = id();
+        rt.block_on(subject::stage_one(
+            &store,
+            n,
+            format!("fresh-{}", n % 64).into_bytes(),
+            b"ok",
+        ));
+    });
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let dispatcher = PgDispatcher::start(
+        &store,
+        subject::immediate(Arc::clone(&sent)),
+        DispatchOptions::default(),
+    );
+    let deadline = started + Duration::from_secs(300);
+    while sent.load(Ordering::Relaxed) < fresh {
+        assert!(
+            Instant::now() < deadline,
+            "the fresh messages were not delivered"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = started.elapsed();
+    rt.block_on(dispatcher.stop());
+    Beside {
+        parked,
+        held,
+        fresh,
+        delivered_per_s: fresh as f64 / took.as_secs_f64(),
     }
 }

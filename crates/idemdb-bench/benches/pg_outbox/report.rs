@@ -51,6 +51,14 @@ pub struct Delivery {
     pub fenced: u64,
 }
 
+/// Fresh messages delivered beside parked or held ones.
+pub struct Beside {
+    pub parked: u64,
+    pub held: u64,
+    pub fresh: u64,
+    pub delivered_per_s: f64,
+}
+
 /// A histogram's bucket bound; none recorded (a cell filtered out) is "–".
 fn bound(us: u64) -> String {
     if us == u64::MAX {
@@ -60,7 +68,12 @@ fn bound(us: u64) -> String {
     }
 }
 
-pub fn markdown(cells: &[Cell], deliveries: &[Delivery], machine: &[(String, String)]) -> String {
+pub fn markdown(
+    cells: &[Cell],
+    deliveries: &[Delivery],
+    beside: &[Beside],
+    machine: &[(String, String)],
+) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# pg_outbox bench (PgStore)\n");
     write_machine(&mut md, machine);
@@ -209,6 +222,26 @@ pub fn markdown(cells: &[Cell], deliveries: &[Delivery], machine: &[(String, Str
          outbox table's files, indexes included, after staging less before: PostgreSQL \
          extends a heap many pages at a time while inserters wait, so it varies from run to \
          run and overstates the rows' own size."
+    );
+    let _ = writeln!(md);
+    table_row(&mut md, &["parked", "held", "fresh", "delivered/s"]);
+    table_row(&mut md, &["--:", "--:", "--:", "--:"]);
+    for b in beside {
+        table_row(
+            &mut md,
+            &[
+                b.parked.to_string(),
+                b.held.to_string(),
+                b.fresh.to_string(),
+                fmt_val(Some(b.delivered_per_s), 0),
+            ],
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nFresh messages (64 keys) delivered by one dispatcher beside parked messages (each its \
+         own key) or held ones (pending behind one parked message of their key): a claim's \
+         statement passes over them in number order every round."
     );
     md
 }

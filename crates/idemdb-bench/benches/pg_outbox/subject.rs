@@ -133,6 +133,28 @@ pub async fn execute(store: &PgStore, id: u64, stage: bool, probe: &Arc<Probe>) 
     assert!(matches!(done, ExecuteOutcome::Executed(_)), "{done:?}");
 }
 
+/// `execute` of the fresh key `id` staging one message of ordering key `okey` with `payload`
+/// (no business insert).
+pub async fn stage_one(store: &PgStore, id: u64, okey: Vec<u8>, payload: &'static [u8]) {
+    let key = key_bytes(id);
+    let done = store
+        .execute(
+            &Scope::new(OPERATION, PRINCIPAL),
+            &Key::new(key),
+            PAYLOAD,
+            |tx: &mut PgTx<'_>| {
+                let message = Message::new("orders", payload.to_vec()).ordering_key(okey.clone());
+                Box::pin(async move {
+                    tx.stage(message).await?;
+                    Ok::<_, BoxError>(Outcome::Completed(RESPONSE.to_vec()))
+                })
+            },
+        )
+        .await
+        .expect("execute");
+    assert!(matches!(done, ExecuteOutcome::Executed(_)), "{done:?}");
+}
+
 /// A publisher that counts each message and answers `Ok` at once.
 pub fn immediate(
     sent: Arc<AtomicU64>,
